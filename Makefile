@@ -1,0 +1,37 @@
+# featurelab: `make demo` and `make test` do all their set-up themselves on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+FL     := $(VENV)/bin/featurelab
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-slow bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU machines get the pinned CPU build of torch; a CUDA machine keeps pip's default build.
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+	  $(PY) -m pip install -q "torch>=2.13.0"; \
+	else \
+	  $(PY) -m pip install -q "torch==2.13.0"; \
+	fi
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(FL) run leaky-bottleneck --preset quick --out runs/demo --resume
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(FL) bench
+
+clean:
+	rm -rf $(VENV) runs build src/*.egg-info .pytest_cache

@@ -1,0 +1,60 @@
+"""Argument checks shared by the public API: each failure is a one-line `FeaturelabError`.
+
+Conventions: samples are rows, so a data matrix is ``N x d``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .errors import FeaturelabError
+
+
+def as_matrix(name: str, value, dtype=torch.float64) -> torch.Tensor:
+    """Return `value` as a finite 2-D tensor of `dtype` (rows are samples), or raise naming `name`."""
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if not isinstance(value, torch.Tensor):
+        raise FeaturelabError(f"{name} must be a 2-D tensor or array (rows are samples), got {type(value).__name__}")
+    if value.ndim != 2:
+        raise FeaturelabError(f"{name} must be 2-D (rows are samples), got shape {tuple(value.shape)}")
+    if value.numel() and not torch.isfinite(value).all():
+        raise FeaturelabError(f"{name} contains NaN or inf; all entries must be finite")
+    return value.to(dtype)
+
+
+def same_rows(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    """Raise unless `a` and `b` have the same number of rows (samples)."""
+    if a.shape[0] != b.shape[0]:
+        raise FeaturelabError(
+            f"{name_a} has {a.shape[0]} rows but {name_b} has {b.shape[0]}; both need one row per sample"
+        )
+
+
+def positive(name: str, value: float) -> float:
+    """Raise unless `value` is a finite number > 0."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise FeaturelabError(f"{name}={value!r} is not allowed: it must be a finite number > 0")
+    return float(value)
+
+
+def non_negative(name: str, value: float) -> float:
+    """Raise unless `value` is a finite number >= 0."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise FeaturelabError(f"{name}={value!r} is not allowed: it must be a finite number >= 0")
+    return float(value)
+
+
+def int_at_least(name: str, value: int, low: int) -> int:
+    """Raise unless `value` is an integer >= `low`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise FeaturelabError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
+    return value
+
+
+def one_of(name: str, value, allowed) -> None:
+    """Raise unless `value` is in `allowed`."""
+    if value not in allowed:
+        raise FeaturelabError(f"{name}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")

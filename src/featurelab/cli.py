@@ -1,0 +1,82 @@
+"""The ``featurelab`` command line: list, run, report.
+
+A user's mistake (bad key, value, path, device) prints one line ``featurelab: error: ...`` and exits
+with status 2; never a stack trace.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import FeaturelabError
+
+
+def _cmd_list(args) -> int:
+    from .experiments import EXPERIMENTS
+
+    for e in EXPERIMENTS:
+        print(f"{e.name:24s} presets: {', '.join(e.presets):22s} {e.summary}")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from .config import parse_overrides
+    from .runs.runner import run_experiment
+
+    record = run_experiment(args.experiment, preset=args.preset, overrides=parse_overrides(args.set or []),
+                            out=args.out, device=args.device, seed=args.seed, resume=args.resume,
+                            workers=args.workers, threads=args.threads,
+                            progress=None if not args.quiet else False)
+    n_pass = sum(c["passed"] for c in record.claims)
+    for c in record.claims:
+        print(f"  [{'PASS' if c['passed'] else 'FAIL'}] {c['statement']}  (measured {c['measured']}, "
+              f"expected {c['expected']})")
+    print(f"claims: {n_pass}/{len(record.claims)} pass")
+    print(f"report: {record.report.resolve()}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from .runs.report import render_report
+
+    print(f"report: {render_report(args.run_dir).resolve()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="featurelab", description="Feature learning in deep networks: train, "
+                                "measure, reproduce the papers' figures and check their claims.")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the experiments and their presets").set_defaults(func=_cmd_list)
+    r = sub.add_parser("run", help="run an experiment and write its run folder and report.html")
+    r.add_argument("experiment")
+    r.add_argument("--preset", default="quick", help="quick (CPU, minutes), paper (the paper's settings), ...")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    r.add_argument("--out", default=None, help="run folder (default runs/EXP-PRESET)")
+    r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    r.add_argument("--seed", type=int, default=None, help="master seed (overrides the preset's)")
+    r.add_argument("--resume", action="store_true", help="continue an unfinished run in --out")
+    r.add_argument("--workers", type=int, default=None, help="worker processes for sweeps (default: cores)")
+    r.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.set_defaults(func=_cmd_run)
+    rep = sub.add_parser("report", help="rebuild report.html of a finished run folder")
+    rep.add_argument("run_dir")
+    rep.set_defaults(func=_cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FeaturelabError as exc:
+        print(f"featurelab: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("featurelab: interrupted; continue with the same command plus --resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

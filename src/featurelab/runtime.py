@@ -1,0 +1,53 @@
+"""Where computations run: device choice, thread count, version stamps."""
+from __future__ import annotations
+
+import platform
+import sys
+
+import torch
+
+from .errors import FeaturelabError
+
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def resolve_device(device: str | torch.device = "cpu") -> torch.device:
+    """Map "cpu", "cuda", "cuda:N" or "auto" to a torch.device; "cuda" without a GPU is a one-line error."""
+    name = str(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise FeaturelabError(f"device={name!r} is not available on this machine (no CUDA GPU); use cpu or auto")
+        return torch.device(name)
+    raise FeaturelabError(f"device={name!r} is not allowed; choose one of: cpu, cuda, cuda:N, auto")
+
+
+def set_threads(n: int) -> None:
+    """Set torch's intra-op threads. Small featurelab models run fastest on one thread (THEORY.md Part 0)."""
+    torch.set_num_threads(max(1, int(n)))
+
+
+def versions() -> dict[str, str]:
+    """Versions of the interpreter and the numerical stack, stamped into every run record."""
+    import matplotlib
+    import numpy
+    import scipy
+
+    from . import __version__
+
+    info = {
+        "featurelab": __version__,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+        "matplotlib": matplotlib.__version__,
+        "platform": platform.platform(),
+        "cuda": torch.version.cuda or "none",
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
