@@ -26,3 +26,11 @@ __all__ = [
     "run_experiment", "render_report", "RunRecord",
     "FeaturelabError",
 ]
+
+# Each part's public names: one block per part, kept in THEORY.md order.
+# --- Part 1: Leaky ResNets, Hamiltonian, cost of identity (issue 3) ---
+# --- Part 2: bottleneck rank, representation cost (issue 4) ---
+# --- Part 3: attraction/repulsion, sparsity (issue 5) ---
+# --- Part 4: saddle-to-saddle, escape directions (issue 6) ---
+# --- Part 5: invariances, alignment (issue 7) ---
+# --- Scale: ensembles, backends, bench (issue 8) ---

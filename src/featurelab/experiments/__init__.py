@@ -7,10 +7,22 @@ from __future__ import annotations
 
 from ..errors import FeaturelabError
 from . import leaky_bottleneck
-from .base import Analysis, AnalysisContext, Experiment, UnitContext
+
+# --- Part 1 experiments (issue 3) ---
+# --- Part 2 experiments (issue 4) ---
+# --- Part 3 experiments (issue 5) ---
+# --- Part 4 experiments (issue 6) ---
+# --- Part 5 experiments (issue 7) ---
+from .base import Analysis, AnalysisContext, Experiment, TrainingUnit, UnitContext
 
 EXPERIMENTS: list[Experiment] = [
     leaky_bottleneck.EXPERIMENT,
+    # each part appends its experiments below its own marker
+    # --- Part 1 (issue 3) ---
+    # --- Part 2 (issue 4) ---
+    # --- Part 3 (issue 5) ---
+    # --- Part 4 (issue 6) ---
+    # --- Part 5 (issue 7) ---
 ]
 REGISTRY: dict[str, Experiment] = {e.name: e for e in EXPERIMENTS}
 
@@ -22,4 +34,4 @@ def get_experiment(name: str) -> Experiment:
     return REGISTRY[name]
 
 
-__all__ = ["Experiment", "Analysis", "AnalysisContext", "UnitContext", "EXPERIMENTS", "REGISTRY", "get_experiment"]
+__all__ = ["Experiment", "TrainingUnit", "Analysis", "AnalysisContext", "UnitContext", "EXPERIMENTS", "REGISTRY", "get_experiment"]

@@ -2,8 +2,11 @@
 (one training run each, say), the function that runs one unit, and the analysis that turns the
 units' results into figures, tables and claims.
 
-Units are what the sweep mechanism distributes across worker processes and skips on ``--resume``;
-`run_unit` must be a module-level function (it is pickled by name) and returns a JSON-able dict.
+Units are what the sweep mechanism distributes across worker processes and skips on ``--resume``.
+A unit is run either by `run_unit(cfg, unit, ctx) -> dict`, or, for units that are one training run,
+by the pair `build(cfg, unit) -> TrainingUnit` and `finish(cfg, unit, model, train_result, ctx) -> dict`:
+the sweep then trains the model itself, which lets it train same-shape units as one batched ensemble.
+Results are JSON-able dicts.
 """
 from __future__ import annotations
 
@@ -13,6 +16,15 @@ from typing import Callable
 
 from ..config import ExperimentConfig
 from ..runs.claims import Claim
+
+
+@dataclass
+class TrainingUnit:
+    """One training run, as built by an experiment's `build`: the model, its data and how to train it."""
+
+    model: object  # torch.nn.Module
+    data: object  # featurelab.data.Dataset
+    config: object  # featurelab.training.TrainConfig
 
 
 @dataclass(frozen=True)
@@ -56,5 +68,22 @@ class Experiment:
     config: type[ExperimentConfig]
     presets: dict[str, dict]
     units: Callable[[ExperimentConfig], list[dict]]
-    run_unit: Callable[[ExperimentConfig, dict, UnitContext], dict]
     analyze: Callable[[ExperimentConfig, dict[str, dict], AnalysisContext], Analysis]
+    run_unit: Callable[[ExperimentConfig, dict, UnitContext], dict] | None = None
+    build: Callable[[ExperimentConfig, dict], TrainingUnit] | None = None
+    finish: Callable[..., dict] | None = None
+
+    def __post_init__(self):
+        if (self.run_unit is None) == (self.build is None or self.finish is None):
+            raise TypeError(f"experiment {self.name}: give either run_unit or both build and finish")
+
+    def execute(self, cfg: ExperimentConfig, unit: dict, ctx: UnitContext) -> dict:
+        """Run one unit: `run_unit`, or train what `build` returns and pass the result to `finish`."""
+        if self.run_unit is not None:
+            return self.run_unit(cfg, unit, ctx)
+        from ..training import train
+
+        job = self.build(cfg, unit)
+        result = train(job.model, job.data, job.config, device=ctx.device, run_dir=ctx.dir, resume=ctx.resume,
+                       progress=ctx.progress)
+        return self.finish(cfg, unit, job.model, result, ctx)

@@ -22,8 +22,8 @@ from ..measurements import effective_rank, singular_values
 from ..models import LeakyResNet
 from ..runs.claims import claim
 from ..runs.figures import plt
-from ..training import Phase, TrainConfig, train
-from .base import Analysis, Experiment
+from ..training import Phase, TrainConfig
+from .base import Analysis, Experiment, TrainingUnit
 
 
 class Config(ExperimentConfig):
@@ -92,11 +92,12 @@ def units(cfg: Config) -> list[dict]:
     return [{"id": f"Lt{cfg.effective_depth:g}-seed{cfg.seed}"}]
 
 
-def run_unit(cfg: Config, unit: dict, ctx) -> dict:
+def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg)
-    model = make_model(cfg, data)
-    result = train(model, data, train_config(cfg), device=ctx.device, run_dir=ctx.dir, resume=ctx.resume,
-                   progress=ctx.progress)
+    return TrainingUnit(make_model(cfg, data), data, train_config(cfg))
+
+
+def finish(cfg: Config, unit: dict, model: LeakyResNet, result, ctx) -> dict:
     final = result.history.iloc[-1].to_dict()
     W = [w.detach().double().cpu() for w in model.layer_matrices()]
     return {"final": final, "rho": model.rho.tolist(), "positions": model.positions.tolist(),
@@ -154,4 +155,4 @@ EXPERIMENT = Experiment(
             "bottleneck in its middle layers.",
     reference="Jacot & Kaiser, Hamiltonian Mechanics of Feature Learning (arXiv 2405.17573), Fig. 1; "
               "THEORY.md Part 1 §5",
-    config=Config, presets=PRESETS, units=units, run_unit=run_unit, analyze=analyze)
+    config=Config, presets=PRESETS, units=units, build=build, finish=finish, analyze=analyze)
