@@ -29,8 +29,34 @@ __all__ = [
 
 # Each part's public names: one block per part, kept in THEORY.md order.
 # --- Part 1: Leaky ResNets, Hamiltonian, cost of identity (issue 3) ---
+from .measurements.cost_of_identity import cost_of_identity
+from .measurements.hamiltonian import backward_variables, geodesic_diagnostics
+__all__ += ["cost_of_identity", "geodesic_diagnostics", "backward_variables"]
 # --- Part 2: bottleneck rank, representation cost (issue 4) ---
+from .data.bn_tasks import bn_rank_two_task, symmetry_gd, symmetry_summary, symmetry_task
+from .measurements.bottleneck import (balancedness_residual, bottleneck_rank, classify_minimum, layer_proxy,
+                                      rebalance, representation_spectra, theorem3_check, theorem6_check,
+                                      theorem7_check)
+from .measurements.jacobian import jacobian, jacobian_ranks, ntk_trace, ntk_trace_closed_form
+from .measurements.representation_cost import (balanced_factorization, estimate_representation_cost,
+                                               linear_expansion, linear_representation_cost, log_pdet, pdet,
+                                               pseudo_log)
+__all__ += ["bn_rank_two_task", "symmetry_gd", "symmetry_summary", "symmetry_task",
+            "balancedness_residual", "bottleneck_rank", "classify_minimum", "layer_proxy", "rebalance",
+            "representation_spectra", "theorem3_check", "theorem6_check", "theorem7_check",
+            "jacobian", "jacobian_ranks", "ntk_trace", "ntk_trace_closed_form",
+            "balanced_factorization", "estimate_representation_cost", "linear_expansion",
+            "linear_representation_cost", "log_pdet", "pdet", "pseudo_log"]
 # --- Part 3: attraction/repulsion, sparsity (issue 5) ---
 # --- Part 4: saddle-to-saddle, escape directions (issue 6) ---
+from .data.circle import circle_dataset
+from .measurements.escape import (EscapeSearch, blowup_time, eig_residual, escape_norm, escape_speed, escape_time,
+                                  extend_depth, find_escape_directions, layer_diagnostics, localized_loss,
+                                  prop33_check, prop34_check, rank_one_chain, tail_ratio, theorem31_bound)
+from .training.plateaus import Plateau, detect_plateaus
+__all__ += ["circle_dataset", "EscapeSearch", "blowup_time", "eig_residual", "escape_norm", "escape_speed",
+            "escape_time", "extend_depth", "find_escape_directions", "layer_diagnostics", "localized_loss",
+            "prop33_check", "prop34_check", "rank_one_chain", "tail_ratio", "theorem31_bound", "Plateau",
+            "detect_plateaus"]
 # --- Part 5: invariances, alignment (issue 7) ---
 # --- Scale: ensembles, backends, bench (issue 8) ---

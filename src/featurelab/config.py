@@ -32,6 +32,11 @@ def parse_overrides(pairs: list[str]) -> dict:
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         node = out
         parts = key.split(".")
         for p in parts[:-1]:
@@ -70,6 +75,8 @@ def validate(cls: type[BaseModel], values: dict, where: str):
         if err["type"] == "extra_forbidden":
             raise FeaturelabError(f"unknown key {key!r} for {where}; allowed keys: {_allowed(cls, loc)}") from None
         msg = err["msg"].replace("Value error, ", "")
+        if not loc:
+            raise FeaturelabError(f"invalid config for {where}: {msg}") from None
         value = err.get("input")
         shown = f"={value!r}" if not isinstance(value, dict) else ""
         raise FeaturelabError(f"{key}{shown} is not allowed for {where}: {msg}") from None

@@ -10,8 +10,10 @@ from . import leaky_bottleneck
 
 # --- Part 1 experiments (issue 3) ---
 # --- Part 2 experiments (issue 4) ---
+from . import bn_rank_depth
 # --- Part 3 experiments (issue 5) ---
 # --- Part 4 experiments (issue 6) ---
+from . import escape_circle, saddle_digits
 # --- Part 5 experiments (issue 7) ---
 from .base import Analysis, AnalysisContext, Experiment, TrainingUnit, UnitContext
 
@@ -20,8 +22,12 @@ EXPERIMENTS: list[Experiment] = [
     # each part appends its experiments below its own marker
     # --- Part 1 (issue 3) ---
     # --- Part 2 (issue 4) ---
+    bn_rank_depth.EXPERIMENT,
     # --- Part 3 (issue 5) ---
     # --- Part 4 (issue 6) ---
+    escape_circle.EXPERIMENT,
+    saddle_digits.EXPERIMENT,
+    saddle_digits.MNIST_EXPERIMENT,
     # --- Part 5 (issue 7) ---
 ]
 REGISTRY: dict[str, Experiment] = {e.name: e for e in EXPERIMENTS}

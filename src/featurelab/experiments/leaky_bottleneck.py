@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..config import ExperimentConfig
 from ..data import bottleneck_teacher
@@ -46,6 +46,17 @@ class Config(ExperimentConfig):
     log_every: int = Field(250, ge=1)
     checkpoint_every: int = Field(2500, ge=0)
     dtype: Literal["float32", "float64"] = "float32"
+
+    @model_validator(mode="after")
+    def _valid_steps(self):
+        """ρ_l·L̃ < 1 for the chosen scheme (Part 1 §2): checked here, before any training."""
+        Lt = self.effective_depth
+        ok = {"equidistant": self.depth > Lt, "irregular": self.depth > (1 + 0.5 / 4) * Lt,
+              "adaptive": self.depth >= Lt / 0.9}[self.steps]
+        if not ok:
+            raise ValueError(f"depth={self.depth} is too small for effective_depth={Lt:g} with {self.steps} steps "
+                             "(Part 1 §2 needs rho_l·effective_depth < 1): raise depth or lower effective_depth")
+        return self
 
 
 PRESETS = {

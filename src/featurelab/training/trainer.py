@@ -137,7 +137,7 @@ def evaluate(model: torch.nn.Module, data: Dataset, config: TrainConfig) -> dict
         row["test_cost"] = float(data_cost(config.objective, out_t, data.Y_test))
         row["test_error"] = float(error_rate(config.objective, out_t, data.Y_test))
     k = config.top_singular_values
-    if k and hasattr(model, "layer_matrices"):
+    if k and hasattr(model, "layer_matrices") and math.isfinite(row["loss"]):
         for l, M in enumerate(model.layer_matrices(), start=1):
             s = torch.linalg.svdvals(M.detach().double())
             for i in range(min(k, s.numel())):
@@ -178,11 +178,12 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
         state["lr_scale"] = info.get("lr_scale", 1.0)
         if hasattr(model, "rho_history"):
             model.rho_history = info.get("rho_history", [])
+    resumed_from = start_step
     total = sum(p.steps for p in config.phases)
     dtype_now = next(model.parameters()).dtype
     data_dev = data.to(dtype=dtype_now, device=dev)
 
-    def log(step: int, phase_idx: int, lr, extra_model=None) -> None:
+    def log(step: int, phase_idx: int, lr) -> dict:
         row = {"step": step, "phase": phase_idx, "lr": float(lr) if lr is not None else float("nan")}
         row.update(evaluate(model, data_dev, config))
         row["seconds"] = time.perf_counter() - t0
@@ -190,6 +191,7 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
             if hasattr(cb, "on_log"):
                 cb.on_log(step, model, row)
         rows.append(row)
+        return row
 
     def checkpoint(step: int, finished: bool, optimizer=None) -> None:
         if folder is None:
@@ -201,7 +203,7 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
 
     if not done:
         if start_step == 0:
-            log(0, 0, None)
+            log(0, 0, _lr(config.phases[0], 0, model) if config.phases else None)
         bar = tqdm(total=total, initial=start_step, disable=not (sys.stderr.isatty() if progress is None else progress),
                    leave=False, desc=type(model).__name__)
         offset = 0
@@ -237,16 +239,21 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
                     loss.backward()
                     return loss
 
-                if phase.guard_window and k % phase.guard_window == 0:
-                    cur = float(closure())
-                    if snapshot is not None and cur > snapshot[0]:
+                if phase.guard_window and snapshot is None:
+                    snapshot = (float(closure().detach()), [p.detach().clone() for p in params])
+                loss = opt.step(closure)
+                if phase.guard_window and (k + 1) % phase.guard_window == 0:
+                    with torch.no_grad():
+                        cur = float(data_cost(config.objective, model(X), Y) +
+                                    (model.penalty(config.lam) if config.lam > 0 else 0.0))
+                    if not cur <= snapshot[0]:  # the loss rose over the window (or is NaN)
                         with torch.no_grad():
                             for p, s in zip(params, snapshot[1]):
                                 p.copy_(s)
                         state["lr_scale"] *= 0.5
+                        opt = _optimizer(phase, params)
                     else:
                         snapshot = (cur, [p.detach().clone() for p in params])
-                loss = opt.step(closure)
                 for cb in callbacks:
                     if hasattr(cb, "on_step"):
                         cb.on_step(step + 1, model, opt, loss)
@@ -255,11 +262,11 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
                     model.adapt_steps(data_dev.X_train)
                 bar.update(1)
                 if (step + 1) % config.log_every == 0 or step + 1 == total:
-                    if not math.isfinite(float(loss.detach())):
+                    row = log(step + 1, phase_idx, lr)
+                    if not math.isfinite(row["loss"]):
                         raise FeaturelabError(
-                            f"training diverged at step {step + 1} (loss {float(loss.detach())}); lower the learning rate "
-                            f"(phase {phase_idx}: lr={phase.lr})")
-                    log(step + 1, phase_idx, lr)
+                            f"training diverged at step {step + 1} (loss {row['loss']}); lower the learning rate "
+                            f"(phase {phase_idx}: lr={phase.lr}) or set guard_window")
                 if folder is not None and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
                     checkpoint(step + 1, False, opt)
             offset += phase.steps
@@ -270,4 +277,4 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
     if folder is not None:
         write_text(folder / "history.csv", history.to_csv(index=False))
         save_model(model, folder / "model.safetensors")
-    return TrainResult(model, history, time.perf_counter() - t0, start_step if ckpt else 0)
+    return TrainResult(model, history, time.perf_counter() - t0, resumed_from)

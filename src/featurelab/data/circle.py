@@ -1,0 +1,29 @@
+"""Example 1 of Bantzis, Simon, Jacot: N points on the unit circle with alternating gradients
+(THEORY.md Part 4 §5)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..checks import int_at_least
+
+SNAP = 1e-12
+
+
+def circle_dataset(N: int = 8, flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(X, G)`` of Example 1 (THEORY.md Part 4 §5), float64, rows are samples.
+
+    X: ``N x 2`` with row j-1 = ``(sin(2πj/N), cos(2πj/N))``, j = 1..N, every |entry| < 1e-12 snapped to
+    exactly 0 (otherwise sin(π) = 1.2e-16 switches a ReLU on at a kink and corrupts the gradients).
+    G: ``N x 1`` with ``G_j = (-1)^j`` (THEORY.md's 1 x N G transposed); ``flip=True`` gives
+    ``G_j = (-1)^{j+1}``, the G = -Y* of the squared loss ½‖Y - Y*‖² with targets ``y_j = (-1)^j`` (§8.3).
+    For N = 8: ‖X‖_F = ‖G‖_F = 2√2, optimal speed 1/2 at depth 3, √2 - 1 for rank-one nets.
+    """
+    int_at_least("N", N, 2)
+    j = torch.arange(1, N + 1, dtype=torch.float64)
+    angle = 2 * math.pi * j / N
+    X = torch.stack([torch.sin(angle), torch.cos(angle)], dim=1)
+    X = torch.where(X.abs() < SNAP, torch.zeros_like(X), X)
+    G = ((-1.0) ** (j + (1 if flip else 0)))[:, None]
+    return X, G

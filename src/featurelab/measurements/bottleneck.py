@@ -1,0 +1,287 @@
+"""Bottleneck structure of a trained deep network: the Theorem 3, 6 and 7 checks, neuron
+balancedness and function-preserving rebalancing, and the bottleneck-rank classification
+(THEORY.md Part 2 §2.3-§2.4, §3.6-§3.10, §4a).
+
+Networks are featurelab `MLP`s (leaky-ReLU family, optional biases; L = number of weight matrices).
+Inputs are ``N x d_in`` (rows are samples) or one 1-D sample. Everything is float64.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..checks import as_matrix, int_at_least, positive
+from ..errors import FeaturelabError
+from .jacobian import jacobian, jacobian_ranks, ntk_trace
+from .ranks import singular_values
+from .representation_cost import log_pdet
+
+
+def _check_mlp(model, homogeneous: bool = False) -> None:
+    if not hasattr(model, "weight_matrices") or not hasattr(model, "with_bias"):
+        raise FeaturelabError(f"model must be a featurelab MLP, got {type(model).__name__}")
+    if homogeneous and not model.homogeneous:
+        raise FeaturelabError(f"model has activation={model.activation!r}; this needs a homogeneous (leaky-ReLU) MLP")
+
+
+def _sq_norm(model) -> float:
+    return float(sum((W.detach().double() ** 2).sum() for W in model.weights))
+
+
+def _one_sample(model, x) -> torch.Tensor:
+    x = torch.as_tensor(x)
+    if x.ndim != 1:
+        raise FeaturelabError(f"x must be one sample (a 1-D tensor of length d_in), got shape {tuple(x.shape)}")
+    return x
+
+
+# ----------------------------------------------------------------------------------- Theorem 3
+class Theorem3Check(NamedTuple):
+    """Part 2 §2.3 Theorem 3 and the exact per-network inequality, on N samples.
+
+    two_log_pdet: 2 log|Jf(x_i)|_+ (top-k singular values) at every sample (N,).
+    ranks: numerical Jacobian rank of every sample (N,), relative tolerance `tol`.
+    max_two_log_pdet: max of two_log_pdet over samples with Jacobian rank k (nan if none).
+    margin: R1_hat − max_two_log_pdet (Theorem 3 predicts >= 0).
+    exact_slack: min_i ‖θ‖² − L Σ_j s_j(Jf(x_i))^{2/L} (>= 0 for every θ and x when |a| <= 1).
+    """
+
+    two_log_pdet: list
+    ranks: list
+    max_two_log_pdet: float
+    margin: float
+    exact_slack: float
+
+
+def theorem3_check(model, X, R1_hat: float, k: int, tol: float = 1e-3) -> Theorem3Check:
+    """Theorem 3: if Rank Jf(x) = R⁽⁰⁾ = k then R⁽¹⁾ >= 2 log|Jf(x)|_+; plus the exact bound
+    ‖θ‖² >= Σ_ℓ‖W_ℓ‖² >= L Σ_i s_i(Jf(x))^{2/L} (THEORY.md Part 2 §2.3, §3.6).
+
+    model: `MLP`; X: ``N x d_in`` (rows are samples); R1_hat: an estimate of R⁽¹⁾ (e.g. the depth fit's
+    intercept); k: the rank class. Samples whose numerical Jacobian rank (relative `tol`) is k enter the max.
+    """
+    _check_mlp(model)
+    X = as_matrix("X", X)
+    int_at_least("k", k, 1)
+    J = jacobian(model, X)
+    ranks = jacobian_ranks(model, X, tol)
+    s = torch.linalg.svdvals(J)
+    if k > s.shape[1]:
+        raise FeaturelabError(f"k={k} is not allowed: the Jacobian has only {s.shape[1]} singular values")
+    two_lp = 2 * torch.log(s[:, :k]).sum(1)
+    at_k = two_lp[ranks == k]
+    mx = float(at_k.max()) if at_k.numel() else float("nan")
+    L = model.depth
+    exact = _sq_norm(model) - L * (s ** (2.0 / L)).sum(1)
+    return Theorem3Check(two_lp.tolist(), ranks.tolist(), mx, float(R1_hat) - mx, float(exact.min()))
+
+
+# ----------------------------------------------------------------------------------- Theorem 6
+def layer_proxy(W, k: int) -> float:
+    """e_ℓ(k) = Σ_{i<=k}(s_i(W)−1)² + Σ_{i>k} s_i(W)²: squared distance from W (any 2-D matrix) to the
+    nearest rank-k partial isometry V_ℓV_{ℓ-1}ᵀ (THEORY.md Part 2 §2.4, our proved per-layer proxy)."""
+    s = singular_values(W)
+    int_at_least("k", k, 0)
+    return float(((s[:k] - 1) ** 2).sum() + (s[k:] ** 2).sum())
+
+
+class Theorem6Check(NamedTuple):
+    """Part 2 §2.4 Theorem 6 with the proved proxy, at one sample.
+
+    k: Jacobian rank used.  proxies: e_ℓ(k) per layer (L,).  bias_sq: Σ_ℓ‖b_ℓ‖² (stored bias columns).
+    bound: S = ‖θ‖² − kL − 2log|Jf(x)|_+.  slack: S − Σ_ℓ e_ℓ(k) − bias_sq (>= 0 always).
+    fraction_within: share of layers with e_ℓ(k) <= S/(pL) (>= 1 − p by Markov).
+    top_k: the k largest singular values of each W_ℓ (close to 1 in a bottleneck).
+    next_singular: s_{k+1}(W_ℓ) per layer (O(L^{-1/2}) in a bottleneck; 0 if W_ℓ has only k).
+    """
+
+    k: int
+    proxies: list
+    bias_sq: float
+    bound: float
+    slack: float
+    fraction_within: float
+    top_k: list
+    next_singular: list
+
+
+def theorem6_check(model, x, k: int | None = None, p: float = 0.25, tol: float = 1e-3) -> Theorem6Check:
+    """Σ_ℓ e_ℓ(k) + Σ_ℓ‖b_ℓ‖² <= ‖θ‖² − kL − 2log|Jf_θ(x)|_+ for k = Rank Jf(x) (THEORY.md Part 2
+    §2.4, §3.7; Horn's product inequality and s² − 1 − 2 log s >= (s−1)²).
+
+    model: `MLP` with |a| <= 1; x: one sample (1-D, length d_in); k: default the numerical Jacobian
+    rank (relative `tol`); p in (0, 1) for the share of layers within S/(pL).
+    """
+    _check_mlp(model)
+    x = _one_sample(model, x)
+    if not 0 < p < 1:
+        raise FeaturelabError(f"p={p!r} is not allowed: it must be in (0, 1)")
+    J = jacobian(model, x)
+    if k is None:
+        k = int(jacobian_ranks(model, x, tol))
+    int_at_least("k", k, 1)
+    L = model.depth
+    Ws = [W.detach().double() for W in model.weight_matrices()]
+    e = [layer_proxy(W, k) for W in Ws]
+    bias_sq = _sq_norm(model) - sum(float((W**2).sum()) for W in Ws)
+    S = _sq_norm(model) - k * L - 2 * log_pdet(J, rank=k)
+    within = float(np.mean([ei <= S / (p * L) for ei in e]))
+    svals = [singular_values(W) for W in Ws]
+    return Theorem6Check(k, e, bias_sq, S, S - sum(e) - bias_sq, within, [s[:k].tolist() for s in svals],
+                         [float(s[k]) if s.numel() > k else 0.0 for s in svals])
+
+
+# ------------------------------------------------------------------------------ balancedness
+def _in_out(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per hidden layer ℓ = 1..L-1: (‖W_ℓ[i,:]‖² with the bias column, ‖W_{ℓ+1}[:,i]‖²) per neuron i."""
+    Ws = [W.detach().double() for W in model.weights]
+    n = model.dims
+    return [((Ws[l] ** 2).sum(1), (Ws[l + 1][:, : n[l + 1]] ** 2).sum(0)) for l in range(model.depth - 1)]
+
+
+def balancedness_residual(model) -> list[torch.Tensor]:
+    """|in − out| / (in + out) per hidden neuron, in = ‖W_ℓ[i,:]‖² + b_ℓ[i]², out = ‖W_{ℓ+1}[:,i]‖²
+    (THEORY.md Part 2 §2.4, §3.9); zero at every critical point of C + λ‖θ‖². Dead neurons
+    (in + out = 0) count as balanced. Returns one float64 tensor per hidden layer (length n_ℓ)."""
+    _check_mlp(model, homogeneous=True)
+    return [torch.where(i + o > 0, (i - o).abs() / (i + o).clamp_min(1e-300), torch.zeros_like(i))
+            for i, o in _in_out(model)]
+
+
+def rebalance(model, tol: float = 1e-12, max_sweeps: int = 100000):
+    """A copy of `model` with every hidden neuron balanced (THEORY.md Part 2 §3.9): repeatedly scale
+    neuron i's incoming row (bias included) by c = (out/in)^{1/4} and its outgoing column by 1/c,
+    sweeping the layers until max residual <= tol. By positive homogeneity of σ_a the function is
+    unchanged; each step replaces in + out by 2√(in·out), so ‖θ‖² never increases. A neuron with
+    in = 0 or out = 0 contributes nothing to f and is zeroed. Computed in float64, stored in the
+    model's dtype. Needs a leaky-ReLU `MLP`.
+    """
+    _check_mlp(model, homogeneous=True)
+    positive("tol", tol)
+    int_at_least("max_sweeps", max_sweeps, 1)
+    out_model = copy.deepcopy(model)
+    Ws = [W.detach().double().clone() for W in model.weights]
+    n = model.dims
+    for _ in range(max_sweeps):
+        worst = 0.0
+        for l in range(model.depth - 1):
+            i = (Ws[l] ** 2).sum(1)
+            o = (Ws[l + 1][:, : n[l + 1]] ** 2).sum(0)
+            live = (i > 0) & (o > 0)
+            res = torch.where(live, (i - o).abs() / (i + o).clamp_min(1e-300), torch.zeros_like(i))
+            worst = max(worst, float(res.max()))
+            c = torch.where(live, (o / i.clamp_min(1e-300)) ** 0.25, torch.zeros_like(i))
+            Ws[l] = Ws[l] * c[:, None]
+            Ws[l + 1][:, : n[l + 1]] = Ws[l + 1][:, : n[l + 1]] / torch.where(live, c, torch.ones_like(c))[None, :]
+            Ws[l + 1][:, : n[l + 1]][:, ~live] = 0.0
+        if worst <= tol:
+            break
+    else:
+        raise FeaturelabError(f"rebalance did not reach tol={tol:g} in max_sweeps={max_sweeps} sweeps (residual {worst:.3g})")
+    with torch.no_grad():
+        for P, W in zip(out_model.weights, Ws):
+            P.copy_(W.to(P.dtype))
+    return out_model
+
+
+# ----------------------------------------------------------------------------------- Theorem 7
+class Theorem7Check(NamedTuple):
+    """Part 2 §2.4 Theorem 7 in our explicit form, at one sample.
+
+    lhs: (1/L) Σ_ℓ (‖α_{ℓ-1}(x)‖² + β²).  rhs: (TrΘ(x,x)/(kL))·exp((max(c₁,0) − 2log|Jf(x)|_+)/k).
+    ratio: rhs/lhs (>= 1 on balanced nets).  ntk_per_layer: TrΘ(x,x)/L.  c1: ‖θ‖² − kL.  k: the rank.
+    max_residual: the net's largest balancedness residual (the bound assumes it is ~0).
+    """
+
+    lhs: float
+    rhs: float
+    ratio: float
+    ntk_per_layer: float
+    c1: float
+    k: int
+    max_residual: float
+
+
+def theorem7_check(model, x, k: int | None = None, tol: float = 1e-3) -> Theorem7Check:
+    """Theorem 7's explicit inequality (THEORY.md Part 2 §2.4):
+    (1/L)Σ_ℓ(‖α_{ℓ-1}(x)‖² + β²) <= (TrΘ(x,x)/(kL))·exp((max(c₁,0) − 2log|Jf(x)|_+)/k), c₁ = ‖θ‖² − kL,
+    for balanced θ (use `rebalance` first on Adam-trained nets) and k = Rank Jf(x) (default: numerical,
+    relative `tol`). model: leaky-ReLU `MLP`; x: one sample (1-D)."""
+    _check_mlp(model, homogeneous=True)
+    x = _one_sample(model, x)
+    if k is None:
+        k = int(jacobian_ranks(model, x, tol))
+    int_at_least("k", k, 1)
+    L = model.depth
+    X = as_matrix("x", x[None]).to(next(model.parameters()).device)
+    state = [W.detach().double() for W in model.weights]
+    a, sq = X, []
+    for l, W in enumerate(state, start=1):
+        sq.append(float((a**2).sum()) + model.bias**2)
+        if l < L:
+            a = model.sigma(model.with_bias(a) @ W.T, l)
+    lhs = float(np.mean(sq))
+    trace = float(ntk_trace(model, x))
+    c1 = _sq_norm(model) - k * L
+    rhs = trace / (k * L) * float(np.exp((max(c1, 0.0) - 2 * log_pdet(jacobian(model, x), rank=k)) / k))
+    worst = max(float(r.max()) for r in balancedness_residual(model)) if L > 1 else 0.0
+    return Theorem7Check(lhs, rhs, rhs / lhs, trace / L, c1, k, worst)
+
+
+# ------------------------------------------------------------------------- bottleneck rank (§4a)
+def middle_layers(L: int) -> list[int]:
+    """1-based layers ℓ with L/4 <= ℓ <= 3L/4 (Part 2 §4a's middle range; at least one layer)."""
+    mid = [l for l in range(1, L + 1) if L / 4 <= l <= 3 * L / 4]
+    return mid or [max(1, (L + 1) // 2)]
+
+
+class BottleneckRank(NamedTuple):
+    """k_mid = median_low over the middle layers of #{s_i(W_ℓ) > threshold}, with what it used."""
+
+    k_mid: int
+    counts: list
+    layers: list
+    threshold: float
+
+
+def bottleneck_rank(model, threshold: float = 0.1) -> BottleneckRank:
+    """Bottleneck-rank estimate of a trained `MLP` from its middle-layer weight spectra (THEORY.md
+    Part 2 §4a): k_mid = median (lower) over ℓ in [L/4, 3L/4] of #{s_i(W_ℓ) > threshold}, absolute
+    threshold (0.1 is the paper's believed value). Do not use the Jacobian rank for this: small
+    leftover singular directions hide in it."""
+    _check_mlp(model)
+    positive("threshold", threshold)
+    layers = middle_layers(model.depth)
+    Ws = model.weight_matrices()
+    counts = [int((singular_values(Ws[l - 1].detach()) > threshold).sum()) for l in layers]
+    return BottleneckRank(int(statistics.median_low(counts)), counts, layers, float(threshold))
+
+
+def representation_spectra(model, X, centred: bool = True) -> list[torch.Tensor]:
+    """Singular values of α̃_ℓ(X)/√N for ℓ = 1..L (THEORY.md Part 2 §3.10), centred over samples by
+    default. X: ``N x d_in`` (rows are samples); float64."""
+    _check_mlp(model)
+    X = as_matrix("X", X).to(next(model.parameters()).device)
+    state = [W.detach().double() for W in model.weights]
+    a, out = X, []
+    for l, W in enumerate(state, start=1):
+        z = model.with_bias(a) @ W.T
+        zc = z - z.mean(0) if centred else z
+        out.append(torch.linalg.svdvals(zc / np.sqrt(len(X))))
+        if l < model.depth:
+            a = model.sigma(z, l)
+    return out
+
+
+def classify_minimum(k_mid: int, true_rank: int, fits: bool) -> str:
+    """The class of a trained minimum (Part 2 §4a): 'underestimating (fitting)', 'underestimating
+    (not fitting)', 'recovering' or 'overestimating', from k_mid against the task's bottleneck rank."""
+    int_at_least("k_mid", k_mid, 0)
+    int_at_least("true_rank", true_rank, 1)
+    if k_mid < true_rank:
+        return "underestimating (fitting)" if fits else "underestimating (not fitting)"
+    return "recovering" if k_mid == true_rank else "overestimating"

@@ -1,0 +1,487 @@
+"""Escape from the origin saddle of a bias-free deep ReLU MLP (THEORY.md Part 4; Bantzis, Simon, Jacot).
+
+Rows are samples throughout: ``X`` is ``N x d_in`` and the output ``Y_θ`` is ``N x d_out``. THEORY.md
+writes ``G ∈ R^{d_out×N}`` (columns); here ``G`` is ``N x d_out``, the same shape as ``Y_θ``, so the
+localized loss ``L0(θ) = Tr[Gᵀ Y_θ] = Σ_ij G_ij (Y_θ)_ij`` is the same number in both conventions.
+
+`weights` is ``[W_1, ..., W_L]`` with ``W_ℓ`` of shape ``n_ℓ x n_{ℓ-1}`` (the usual ``out x in``), or a
+bias-free ReLU `MLP` (``MLP(..., bias=0.0)``). Layer ℓ computes ``Z_ℓ = Zσ_{ℓ-1} W_ℓᵀ`` and
+``Zσ_ℓ = relu(Z_ℓ)`` (σ'(0) = 0, Part 4 §8.4); ``Y_θ = Z_L``. The search routines accept a leading
+restart dimension (``R x n_ℓ x n_{ℓ-1}``) and run all restarts as one batched computation.
+
+Contents: localized loss and speed (§2, §3.1), the projected-GD and rank-one searches (A1, A2), the
+per-layer ratios r_W, r_Z, lin (§3.2), the Thm 3.1 bound (§3.3), Props 3.4, 3.3, 3.2 (§3.4-3.6) and the
+corrected Prop 2.2 escape-time formulas (§2). Everything is computed in float64.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..checks import as_matrix, int_at_least, non_negative, positive
+from ..errors import FeaturelabError
+from .ranks import singular_values
+
+
+# ------------------------------------------------------------------------------ inputs
+def as_weights(weights, X: torch.Tensor | None = None, batched: bool = False) -> list[torch.Tensor]:
+    """``[W_1..W_L]`` as float64 tensors (autograd graph kept), checked to chain ``d_in -> ... -> d_out``.
+
+    weights: a bias-free ReLU `MLP` or a list of ``n_ℓ x n_{ℓ-1}`` matrices (with ``batched=True``
+    each may carry the same leading restart dimension R). X: ``N x d_in`` (rows are samples) to check
+    W_1 against. Raises a one-line `FeaturelabError` for biases, L < 2 or shapes that do not chain.
+    """
+    if isinstance(weights, torch.nn.Module):
+        bias = getattr(weights, "bias", 0.0)
+        if bias:
+            raise FeaturelabError(f"weights is an MLP with bias={bias!r}; the localized loss of THEORY.md Part 4 "
+                                  "needs a bias-free ReLU MLP (bias=0.0)")
+        if getattr(weights, "leak", 0.0) != 0.0 or getattr(weights, "activation", "leaky_relu") != "leaky_relu" \
+                or getattr(weights, "linear_tail", 0):
+            raise FeaturelabError("weights is an MLP that is not a plain ReLU net (leak=0, activation='leaky_relu', "
+                                  "linear_tail=0), as THEORY.md Part 4 needs")
+        weights = weights.weight_matrices()
+    if not isinstance(weights, (list, tuple)) or not weights:
+        raise FeaturelabError(f"weights must be a bias-free MLP or a list of weight matrices, got {type(weights).__name__}")
+    Ws = [torch.as_tensor(W).to(torch.float64) for W in weights]
+    if len(Ws) < 2:
+        raise FeaturelabError(f"weights has depth {len(Ws)}; THEORY.md Part 4 needs depth L >= 2")
+    ndim = 3 if batched and Ws[0].ndim == 3 else 2
+    for l, W in enumerate(Ws, start=1):
+        if W.ndim != ndim or W.shape[:-2] != Ws[0].shape[:-2]:
+            raise FeaturelabError(f"weights[{l - 1}] has shape {tuple(W.shape)}; every W_l must be "
+                                  f"{'R x ' if ndim == 3 else ''}n_l x n_(l-1) with the same leading dimensions")
+        if l > 1 and W.shape[-1] != Ws[l - 2].shape[-2]:
+            raise FeaturelabError(f"weights[{l - 1}] has shape {tuple(W.shape)} but W_{l - 1} has {Ws[l - 2].shape[-2]} "
+                                  f"rows; W_l must be n_l x n_(l-1)")
+        if not torch.isfinite(W).all():
+            raise FeaturelabError(f"weights[{l - 1}] contains NaN or inf")
+    if X is not None and Ws[0].shape[-1] != X.shape[1]:
+        hint = " (it looks like it has a bias column: Part 4 nets are bias-free)" \
+            if Ws[0].shape[-1] == X.shape[1] + 1 else ""
+        raise FeaturelabError(f"weights[0] has {Ws[0].shape[-1]} columns but X has d_in={X.shape[1]}{hint}")
+    return Ws
+
+
+def as_data(X, G, d_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """X (``N x d_in``) and G (``N x d_out``, rows are samples) as float64, with matching rows."""
+    X, G = as_matrix("X", X), as_matrix("G", G)
+    if G.shape[0] != X.shape[0] or (d_out is not None and G.shape[1] != d_out):
+        want = f"{X.shape[0]} x {d_out if d_out is not None else 'd_out'}"
+        raise FeaturelabError(f"G has shape {tuple(G.shape)}; it must be N x d_out = {want} (rows are samples, "
+                              "the shape of the outputs Y_θ; THEORY.md's G is its transpose)")
+    return X, G
+
+
+# ---------------------------------------------------------------------- forward and L0
+def forward(Ws: list[torch.Tensor], X: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every layer of the bias-free ReLU net: ``(pre, act)`` with pre = [Z_1..Z_L], act = [Zσ_0 = X, Zσ_1..Zσ_{L-1}].
+
+    Ws: checked weights (see `as_weights`), optionally ``R x n_ℓ x n_{ℓ-1}``; X: ``N x d_in``.
+    Each Z is ``N x n_ℓ`` (``R x N x n_ℓ`` when batched). THEORY.md Part 4 §1, rows for samples.
+    """
+    a, pre, act = X, [], [X]
+    for l, W in enumerate(Ws, start=1):
+        z = a @ W.transpose(-1, -2)
+        pre.append(z)
+        if l < len(Ws):
+            a = torch.relu(z)
+            act.append(a)
+    return pre, act
+
+
+def _sq_norm(Ws: list[torch.Tensor]) -> torch.Tensor:
+    return sum((W**2).sum((-2, -1)) for W in Ws)
+
+
+def _L0(Ws: list[torch.Tensor], X: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    return (G * forward(Ws, X)[0][-1]).sum((-2, -1))
+
+
+def localized_loss(weights, X, G) -> torch.Tensor:
+    """L0(θ) = Tr[Gᵀ Y_θ] = Σ_ij G_ij (Y_θ)_ij (THEORY.md Part 4 §2), a float64 scalar (differentiable).
+
+    weights: bias-free ReLU `MLP` or list of ``n_ℓ x n_{ℓ-1}`` matrices. X: ``N x d_in``. G: ``N x d_out``
+    (rows are samples; THEORY.md's ``d_out x N`` G transposed), e.g. ``-Y*`` for ½‖Y-Y*‖² or
+    ``(1/K - onehot)/N`` for mean cross-entropy. L0 is L-homogeneous: L0(λθ) = λ^L L0(θ) for λ > 0.
+    """
+    X = as_matrix("X", X)
+    Ws = as_weights(weights, X)
+    X, G = as_data(X, G, Ws[-1].shape[0])
+    return _L0(Ws, X, G)
+
+
+def _speed(Ws: list[torch.Tensor], X: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    L = len(Ws)
+    return -(L ** (L / 2)) * _L0(Ws, X, G) / _sq_norm(Ws) ** (L / 2)
+
+
+def escape_speed(weights, X, G) -> float:
+    """speed(θ) = -L^{L/2} L0(θ)/‖θ‖^L: minus L0 at the rescaled point √L θ/‖θ‖ on the √L-sphere
+    (THEORY.md Part 4 §3.1). At an escape direction ρ (∇L0(ρ) = -sρ, ‖ρ‖² = L) it is the speed s.
+
+    weights, X (``N x d_in``), G (``N x d_out``): as in `localized_loss`. Returns a float.
+    """
+    X = as_matrix("X", X)
+    Ws = as_weights(weights, X)
+    X, G = as_data(X, G, Ws[-1].shape[0])
+    if float(_sq_norm(Ws)) == 0:
+        raise FeaturelabError("weights are all zero; the speed is defined for θ != 0")
+    return float(_speed(Ws, X, G))
+
+
+def eig_residual(weights, X, G) -> float:
+    """‖∇L0(ρ) + sρ‖/‖∇L0(ρ)‖ at ρ = √L θ/‖θ‖ with s = speed (Part 4 §3.1): 0 at a differentiable escape
+    direction. Meaningless where a pre-activation sits on the ReLU kink (§5, §8.4): test values instead."""
+    X = as_matrix("X", X)
+    Ws = [W.detach() for W in as_weights(weights, X)]
+    X, G = as_data(X, G, Ws[-1].shape[0])
+    L = len(Ws)
+    scale = math.sqrt(L) / float(_sq_norm(Ws)) ** 0.5
+    rho = [(W * scale).requires_grad_(True) for W in Ws]
+    l0 = _L0(rho, X, G)
+    grads = torch.autograd.grad(l0, rho)
+    s = -float(l0.detach())
+    num = sum(float(((g + s * r.detach()) ** 2).sum()) for g, r in zip(grads, rho))
+    den = sum(float((g**2).sum()) for g in grads)
+    return math.sqrt(num / den) if den > 0 else float("nan")
+
+
+# ------------------------------------------------------------------ A1 / A2: the searches
+@dataclass
+class EscapeSearch:
+    """Result of `find_escape_directions`: R restarts, all on the √L-sphere ‖θ‖² = L.
+
+    speeds: ``R`` final speeds -L0(θ_K).   weights: ``[W_1..W_L]``, each ``R x n_ℓ x n_{ℓ-1}``.
+    trace: ``(K+1) x R`` speed after each step (row 0 = start).   converged: ``R`` bools, speed moved
+    < 1e-7 over the last 500 steps (Part 4 A1).
+    """
+
+    speeds: torch.Tensor
+    weights: list[torch.Tensor]
+    trace: torch.Tensor
+    converged: torch.Tensor
+
+    def run(self, i: int) -> list[torch.Tensor]:
+        """The weights ``[W_1..W_L]`` of restart `i` (unbatched)."""
+        return [W[i] for W in self.weights]
+
+    def best(self) -> tuple[float, list[torch.Tensor]]:
+        """(speed, weights) of the fastest restart."""
+        i = int(torch.argmax(self.speeds))
+        return float(self.speeds[i]), self.run(i)
+
+
+def _widths(width, depth: int) -> list[int]:
+    widths = [width] * (depth - 1) if isinstance(width, int) and not isinstance(width, bool) else list(width)
+    if len(widths) != depth - 1 or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+        raise FeaturelabError(f"width={width!r} is not allowed for depth={depth}: give an int >= 1 or "
+                              f"a list of {depth - 1} ints >= 1")
+    return widths
+
+
+def _to_sphere(Ws: list[torch.Tensor], L: int) -> list[torch.Tensor]:
+    scale = (L / _sq_norm(Ws)).sqrt()[..., None, None]
+    return [W * scale for W in Ws]
+
+
+def find_escape_directions(X, G, depth: int, width, restarts: int = 50, steps: int = 4000, rank_one: bool = False,
+                           seed: int = 0, lr: float | None = None, init=None, tail: int = 500) -> EscapeSearch:
+    """Search the √L-sphere for optimal escape directions, all restarts batched in one tensor computation.
+
+    Default (THEORY.md Part 4 A1): projected (Riemannian) GD on ‖θ‖² = L from Gaussian starts rescaled
+    to the sphere: ``g = ∇L0(θ)``, ``θ <- θ - η_k (g - (gᵀθ/L)θ)``, ``θ <- √L θ/‖θ‖``, with the decaying
+    step ``η_k = lr(1 + cos(πk/K))/2`` (lr = 0.05 by default; a constant step chatters across kinks).
+    ``rank_one=True`` (A2): ``W_ℓ = a_ℓ b_ℓᵀ``, maximise ``-L0(W)(L/Σ_ℓ‖a_ℓ‖²‖b_ℓ‖²)^{L/2}`` with Adam
+    (lr = 0.01 by default), the same cosine decay of its step (ours: sharper optima than a constant one).
+
+    X: ``N x d_in``; G: ``N x d_out`` (rows are samples). depth: L >= 2. width: hidden width (int) or
+    list of L-1 widths. restarts: R. steps: K. init: optional starting weights ``[W_ℓ]`` (each
+    ``n_ℓ x n_{ℓ-1}`` or ``R x n_ℓ x n_{ℓ-1}``) for PGD, e.g. a warm start from `extend_depth` (A1).
+    Returns an `EscapeSearch` (speeds, weights on the sphere, per-step trace, convergence flags).
+    """
+    X = as_matrix("X", X)
+    int_at_least("depth", depth, 2)
+    int_at_least("restarts", restarts, 1)
+    int_at_least("steps", steps, 1)
+    L = depth
+    gen = torch.Generator().manual_seed(seed)
+    if init is not None:
+        if rank_one:
+            raise FeaturelabError("init is only used by the projected-GD search (rank_one=False)")
+        Ws = as_weights(init, X, batched=True)
+        dims = [X.shape[1]] + [W.shape[-2] for W in Ws]
+        if len(Ws) != L:
+            raise FeaturelabError(f"init has {len(Ws)} weight matrices but depth={depth}")
+        if Ws[0].ndim == 2:
+            Ws = [W.expand(restarts, *W.shape).clone() for W in Ws]
+        elif Ws[0].shape[0] != restarts:
+            raise FeaturelabError(f"init has {Ws[0].shape[0]} restarts but restarts={restarts}")
+    else:
+        dims = [X.shape[1], *_widths(width, L), None]
+    X, G = as_data(X, G, None)
+    dims[-1] = G.shape[1]
+    if rank_one:
+        lr = positive("lr", 0.01 if lr is None else lr)
+        a = [torch.randn(restarts, n, generator=gen, dtype=torch.float64).requires_grad_(True) for n in dims[1:]]
+        b = [torch.randn(restarts, m, generator=gen, dtype=torch.float64).requires_grad_(True) for m in dims[:-1]]
+        opt = torch.optim.Adam(a + b, lr=lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: (1 + math.cos(math.pi * k / steps)) / 2)
+        trace = torch.empty(steps + 1, restarts, dtype=torch.float64)
+        for k in range(steps + 1):
+            Ws = [ai[:, :, None] * bi[:, None, :] for ai, bi in zip(a, b)]
+            speed = _speed(Ws, X, G)
+            trace[k] = speed.detach()
+            if k == steps:
+                break
+            opt.zero_grad(set_to_none=True)
+            (-speed.sum()).backward()
+            opt.step()
+            sched.step()
+        Ws = _to_sphere([W.detach() for W in Ws], L)
+    else:
+        lr = positive("lr", 0.05 if lr is None else lr)
+        if init is None:
+            Ws = [torch.randn(restarts, n, m, generator=gen, dtype=torch.float64) for n, m in zip(dims[1:], dims[:-1])]
+        Ws = _to_sphere([W.detach() for W in Ws], L)
+        trace = torch.empty(steps + 1, restarts, dtype=torch.float64)
+        for k in range(steps + 1):
+            Ws = [W.requires_grad_(True) for W in Ws]
+            l0 = _L0(Ws, X, G)
+            trace[k] = -l0.detach()
+            if k == steps:
+                break
+            grads = torch.autograd.grad(l0.sum(), Ws)
+            eta = lr * (1 + math.cos(math.pi * k / steps)) / 2
+            with torch.no_grad():
+                radial = sum((g * W).sum((-2, -1)) for g, W in zip(grads, Ws))[:, None, None] / L
+                Ws = _to_sphere([W - eta * (g - radial * W) for g, W in zip(grads, Ws)], L)
+        Ws = [W.detach() for W in Ws]
+    speeds = _speed(Ws, X, G)
+    last = trace[-min(tail, steps) - 1:]
+    converged = (last.max(0).values - last.min(0).values) < 1e-7
+    return EscapeSearch(speeds, Ws, trace, converged)
+
+
+# ------------------------------------------------------------------- §3.2 per-layer ratios
+def tail_ratio(M) -> float:
+    """r(M) = Σ_{i>=2} s_i² / Σ_i s_i² = 1 - ‖M‖²_op/‖M‖²_F (THEORY.md Part 4 §3.2, over all nonzero
+    singular values); 0 for a rank-one or zero matrix. Transpose-invariant."""
+    s = singular_values(M)
+    total = float((s**2).sum())
+    return float((s[1:] ** 2).sum()) / total if total > 0 else 0.0
+
+
+def layer_diagnostics(weights, X, top: int = 10) -> dict[str, list]:
+    """Per-layer low-rank diagnostics of THEORY.md Part 4 §3.2 (float64; X is ``N x d_in``, rows = samples).
+
+    Returns lists indexed by position (the layer index is in the name):
+      r_W[ℓ-1]  = r(W_ℓ), ℓ = 1..L;        r_Z[ℓ] = r(Zσ_ℓ), ℓ = 0..L-1 (ℓ = 0 is X);
+      lin[ℓ-1]  = ‖Zσ_ℓ - Z_ℓ‖²_F/‖Z_ℓ‖²_F, ℓ = 1..L-1 (0 for a zero Z_ℓ);
+      s2_s1[ℓ-1] = s_2(W_ℓ)/s_1(W_ℓ);      singular_values[ℓ-1] = top-`top` singular values of W_ℓ.
+    """
+    X = as_matrix("X", X)
+    Ws = [W.detach() for W in as_weights(weights, X)]
+    pre, act = forward(Ws, X)
+    svals = [singular_values(W) for W in Ws]
+    lin = []
+    for z, a in zip(pre[:-1], act[1:]):
+        nz = float((z**2).sum())
+        lin.append(float(((a - z) ** 2).sum()) / nz if nz > 0 else 0.0)
+    return {"r_W": [tail_ratio(W) for W in Ws], "r_Z": [tail_ratio(a) for a in act], "lin": lin,
+            "s2_s1": [float(s[1] / s[0]) if s.numel() > 1 and s[0] > 0 else 0.0 for s in svals],
+            "singular_values": [s[:top].tolist() for s in svals]}
+
+
+# --------------------------------------------------------------------------- §3.3 Thm 3.1
+def theorem31_bound(X, G, s_star: float, depth: int) -> tuple[float, list[float]]:
+    """Thm 3.1 (THEORY.md Part 4 §3.3): at an optimal escape direction of speed s* every r_W(ℓ), r_Z(ℓ),
+    lin(ℓ) is at most ``B(ℓ) = 8cℓ^{-1/2}/(1 - cℓ^{-1/2})`` with ``c = (‖X‖‖G‖/s*)·sqrt(2 log(‖X‖‖G‖/s*))``.
+
+    X: ``N x d_in``, G: ``N x d_out`` (rows are samples); s_star > 0 (the paper's min is negative: §8.2).
+    Returns ``(c, [B(1), ..., B(L)])`` with B = inf where cℓ^{-1/2} >= 1 (vacuous; Example 1: c ≈ 37.68).
+    """
+    X, G = as_data(X, G)
+    positive("s_star", s_star)
+    int_at_least("depth", depth, 2)
+    ratio = float(torch.linalg.norm(X) * torch.linalg.norm(G)) / s_star
+    if ratio < 1 - 1e-12:
+        raise FeaturelabError(f"s_star={s_star!r} exceeds ‖X‖‖G‖ = {ratio * s_star:.6g}, the upper bound of any speed")
+    c = ratio * math.sqrt(2 * math.log(max(ratio, 1.0)))
+    bounds = []
+    for l in range(1, depth + 1):
+        q = c / math.sqrt(l)
+        bounds.append(8 * q / (1 - q) if q < 1 else math.inf)
+    return c, bounds
+
+
+# --------------------------------------------------------------------------- §3.4 Prop 3.4
+def prop34_check(weights, X, G, p: float = 0.5) -> dict:
+    """Prop 3.4 (THEORY.md Part 4 §3.4) at any θ with L0(θ) < 0, evaluated on the √L-sphere (the
+    ratios are scale-free and s0 = speed(θ) is the largest -L0 on the ray, so this is the tightest case).
+
+    Sum form: ``Σ_{ℓ=0}^{L-1} log(‖Zσ_ℓ‖²_F/‖Zσ_ℓ‖²_op) <= 2 log(‖X‖‖G‖/s0)``.
+    Count form: at most pL indices ℓ ∈ {0..L-1} have ``r_Z(ℓ) > 2 log(‖X‖‖G‖/s0)/(pL)``, p ∈ (0, 1).
+    weights, X (``N x d_in``), G (``N x d_out``) as in `localized_loss`.
+    Returns {lhs, rhs, slack = rhs - lhs, holds, threshold, count, count_holds, s0}.
+    """
+    X = as_matrix("X", X)
+    Ws = [W.detach() for W in as_weights(weights, X)]
+    X, G = as_data(X, G, Ws[-1].shape[0])
+    if not 0 < p < 1:
+        raise FeaturelabError(f"p={p!r} is not allowed: it must be in (0, 1)")
+    L = len(Ws)
+    s0 = float(_speed(Ws, X, G)) if float(_sq_norm(Ws)) > 0 else 0.0
+    if not s0 > 0:
+        raise FeaturelabError(f"Prop 3.4 needs L0(θ) < 0 (speed > 0); this θ has speed {s0:.3g}")
+    act = forward(Ws, X)[1]
+    lhs = 0.0
+    for a in act:
+        s = singular_values(a)
+        lhs += math.log(float((s**2).sum() / s[0] ** 2))
+    rhs = 2 * math.log(float(torch.linalg.norm(X) * torch.linalg.norm(G)) / s0)
+    threshold = rhs / (p * L)
+    count = sum(tail_ratio(a) > threshold for a in act)
+    return {"lhs": lhs, "rhs": rhs, "slack": rhs - lhs, "holds": lhs <= rhs + 1e-12, "threshold": threshold,
+            "count": count, "count_holds": count <= p * L, "s0": s0}
+
+
+# --------------------------------------------------------------------------- §3.5 Prop 3.3
+def rank_one_chain(u, v, G, depth: int, width: int) -> list[torch.Tensor]:
+    """The optimal chain of Prop 3.3 (THEORY.md Part 4 §3.5) for a rank-one input ``X = v uᵀ``
+    (rows are samples, ``N x d_in``; THEORY.md's ``u vᵀ``): ``W_1 = e_1 ûᵀ``, ``W_ℓ = e_1 e_1ᵀ`` (1<ℓ<L),
+    ``W_L = -(Gᵀv/‖Gᵀv‖) e_1ᵀ``, hidden width `width`.
+
+    u: length d_in, v: length N (both >= 0 entrywise); G: ``N x d_out``. Then ‖θ‖² = L and
+    L0 = -‖Gᵀv‖‖u‖, the optimum for E = 0.
+    """
+    u = torch.as_tensor(u, dtype=torch.float64).reshape(-1)
+    v = torch.as_tensor(v, dtype=torch.float64).reshape(-1)
+    G = as_matrix("G", G)
+    int_at_least("depth", depth, 2)
+    int_at_least("width", width, 1)
+    if G.shape[0] != v.numel():
+        raise FeaturelabError(f"G has shape {tuple(G.shape)} but v has length {v.numel()}; G must be N x d_out")
+    Gv = G.T @ v
+    if float(torch.linalg.norm(Gv)) == 0 or float(torch.linalg.norm(u)) == 0:
+        raise FeaturelabError("rank_one_chain needs u != 0 and Gᵀv != 0")
+    e1 = torch.zeros(width, dtype=torch.float64)
+    e1[0] = 1
+    Ws = [e1[:, None] * (u / torch.linalg.norm(u))[None, :]]
+    Ws += [e1[:, None] * e1[None, :] for _ in range(depth - 2)]
+    Ws.append(-(Gv / torch.linalg.norm(Gv))[:, None] * e1[None, :])
+    return Ws
+
+
+def prop33_check(weights, X, G, u, v, eps: float) -> dict:
+    """Prop 3.3 (THEORY.md Part 4 §3.5) for a nearly rank-one input ``X = v uᵀ + E`` (rows are samples,
+    ``N x d``; u, v >= 0 entrywise, ``‖E‖_F <= eps``).
+
+    Precondition: ``‖θ‖² <= L`` and ``Tr[Gᵀ Y_θ(X)] <= -‖Gᵀv‖‖u‖ + ‖G‖_F eps`` with s = -Tr[...] > ‖G‖eps.
+    Then every r_W(ℓ), r_Z(ℓ), lin(ℓ) is at most ``8‖G‖eps/(s - ‖G‖eps)``.
+    Returns {precondition, s, bound, max_ratio, holds (True when the precondition fails)} and the ratios.
+    """
+    X = as_matrix("X", X)
+    Ws = [W.detach() for W in as_weights(weights, X)]
+    X, G = as_data(X, G, Ws[-1].shape[0])
+    non_negative("eps", eps)
+    u = torch.as_tensor(u, dtype=torch.float64).reshape(-1)
+    v = torch.as_tensor(v, dtype=torch.float64).reshape(-1)
+    L = len(Ws)
+    s = -float(_L0(Ws, X, G))
+    geps = float(torch.linalg.norm(G)) * eps
+    target = float(torch.linalg.norm(G.T @ v) * torch.linalg.norm(u))
+    pre = float(_sq_norm(Ws)) <= L * (1 + 1e-12) and s >= target - geps and s > geps
+    bound = 8 * geps / (s - geps) if s > geps else math.inf
+    diag = layer_diagnostics(Ws, X)
+    ratios = diag["r_W"] + diag["r_Z"] + diag["lin"]
+    worst = max(ratios)
+    return {"precondition": pre, "s": s, "bound": bound, "max_ratio": worst,
+            "holds": (not pre) or worst <= bound, **{k: diag[k] for k in ("r_W", "r_Z", "lin")}}
+
+
+# --------------------------------------------------------------------------- §3.6 Prop 3.2
+def extend_depth(weights, X, G, k: int, rescale: bool = True) -> list[torch.Tensor]:
+    """Prop 3.2 depth extension (THEORY.md Part 4 §3.6): a depth-(L+k) net θ' with L0(θ') <= L0(θ).
+
+    With ``H = Zσ_{L-2}`` (H = X for L = 2), a_i = ‖W_L[:,i]‖, b_i = ‖W_{L-1}[i,:]‖ and
+    ``τ_i = Tr[Gᵀ (W_L[:,i]/a_i) σ(W_{L-1}[i,:]/b_i · H)]`` (rows: ``Σ_n G[n]·(W_L[:,i]/a_i) σ(H[n]·w_i)``),
+    L0(θ) = Σ_i a_i b_i τ_i. With i* = argmin τ_i, M = Σ a_i b_i: W'_ℓ = W_ℓ (ℓ <= L-2),
+    ``W'_{L-1} = √M e_1 W_{L-1}[i*,:]/b_{i*}``, ``W'_ℓ = e_1e_1ᵀ`` (ℓ = L..L+k-1, n_{L-1} x n_{L-1}),
+    ``W'_{L+k} = √M (W_L[:,i*]/a_{i*}) e_1ᵀ``; then ‖θ'‖² <= ‖θ‖² + k.
+    rescale: put θ' on the sphere ‖θ'‖² = L + k (then speed(θ') >= speed(θ) when ‖θ‖² = L).
+    weights, X (``N x d_in``), G (``N x d_out``) as in `localized_loss`; k >= 0. Returns ``[W'_1..W'_{L+k}]``.
+    """
+    X = as_matrix("X", X)
+    Ws = [W.detach() for W in as_weights(weights, X)]
+    X, G = as_data(X, G, Ws[-1].shape[0])
+    int_at_least("k", k, 0)
+    L = len(Ws)
+    H = forward(Ws, X)[1][L - 2]
+    A, B = Ws[-1], Ws[-2]
+    a, b = torch.linalg.norm(A, dim=0), torch.linalg.norm(B, dim=1)
+    alive = (a * b) > 0
+    if not alive.any():
+        raise FeaturelabError("extend_depth needs a unit of layer L-1 with nonzero in- and out-weights (L0 = 0 here)")
+    safe_a, safe_b = torch.where(alive, a, 1.0), torch.where(alive, b, 1.0)
+    unit_out = torch.relu(H @ (B / safe_b[:, None]).T)  # N x n_{L-1}: σ(H w_i/b_i)
+    tau = ((G @ (A / safe_a[None, :])) * unit_out).sum(0)  # τ_i
+    tau = torch.where(alive, tau, torch.inf)
+    i = int(torch.argmin(tau))
+    M = float((a * b).sum())
+    n = B.shape[0]
+    e1 = torch.zeros(n, dtype=torch.float64)
+    e1[0] = 1
+    new = Ws[:-2] + [math.sqrt(M) * e1[:, None] * (B[i] / b[i])[None, :]]
+    new += [e1[:, None] * e1[None, :] for _ in range(k)]
+    new.append(math.sqrt(M) * (A[:, i] / a[i])[:, None] * e1[None, :])
+    return _to_sphere(new, L + k) if rescale else new
+
+
+# ------------------------------------------------------------------ §2 Prop 2.2 (corrected)
+def _kappa(speed: float, depth: int) -> float:
+    positive("speed", speed)
+    int_at_least("depth", depth, 2)
+    return speed * depth ** (-depth / 2)
+
+
+def escape_norm(t, norm0: float, speed: float, depth: int):
+    """‖θ(t)‖ of gradient flow on L0 started at θ(0) = norm0·ρ/√L, ρ an escape direction of speed s
+    (THEORY.md Part 4 §2, Prop 2.2 corrected: κ = s L^{-L/2}, the unit-sphere speed).
+
+    L = 2: ``norm0 e^{s t}``; L > 2: ``(norm0^{2-L} - (L-2)Lκ t)^{1/(2-L)}``, inf from the blow-up time on.
+    t: float or tensor of times >= 0. Returns the same type.
+    """
+    positive("norm0", norm0)
+    kappa = _kappa(speed, depth)
+    t_ = torch.as_tensor(t, dtype=torch.float64)
+    L = depth
+    if L == 2:
+        out = norm0 * torch.exp(2 * kappa * t_)
+    else:
+        base = norm0 ** (2 - L) - (L - 2) * L * kappa * t_
+        out = torch.where(base > 0, base.clamp_min(1e-300) ** (1 / (2 - L)), torch.inf)
+    return float(out) if out.ndim == 0 else out
+
+
+def blowup_time(norm0: float, speed: float, depth: int) -> float:
+    """Time at which ‖θ‖ blows up, ``norm0^{2-L}/((L-2)Lκ)`` for L > 2, inf for L = 2 (Part 4 §2, Prop 2.2)."""
+    positive("norm0", norm0)
+    kappa = _kappa(speed, depth)
+    return math.inf if depth == 2 else norm0 ** (2 - depth) / ((depth - 2) * depth * kappa)
+
+
+def escape_time(norm0: float, radius: float, speed: float, depth: int) -> float:
+    """Time for ‖θ‖ to grow from norm0 to `radius` along an escape direction (Part 4 §2, Prop 2.2 corrected):
+    ``(norm0^{2-L} - r^{2-L})/((L-2)Lκ)`` for L > 2, ``log(r/norm0)/(2κ)`` for L = 2. Until then
+    ‖Y_θ‖_F <= (r/√L)^L ‖X‖_F."""
+    positive("norm0", norm0)
+    positive("radius", radius)
+    kappa = _kappa(speed, depth)
+    if radius < norm0:
+        raise FeaturelabError(f"radius={radius!r} is not allowed: it must be >= norm0={norm0!r}")
+    if depth == 2:
+        return math.log(radius / norm0) / (2 * kappa)
+    return (norm0 ** (2 - depth) - radius ** (2 - depth)) / ((depth - 2) * depth * kappa)

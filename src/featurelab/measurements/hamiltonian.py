@@ -1,0 +1,183 @@
+"""Hamiltonian diagnostics of a trained Leaky ResNet (THEORY.md Part 1 §3; Jacot & Kaiser,
+arXiv 2405.17573 §2-§3, eq. 1-4, Theorem 4, Prop. 5, Prop. 10).
+
+Rows are samples: ``A_l``, ``B_l``, ``D_l`` are ``N x w`` (THEORY.md's transposes), so THEORY.md's
+``B σ(A)ᵀ`` is ``Bᵀσ(A)`` here and ``Tr[B Aᵀ]`` is ``Σ B ⊙ A``. Layer-l quantities use the staggered pairing
+``(A_{l-1}, B_l, W_l, D_l)`` (Part 1 §3, §6.1), plotted at ``p_{l-1}``; with it the network is a
+symplectic-Euler step at a critical point and the identities of §3.2-3.5 are exact. Everything runs in
+float64 on the CPU from the stored parameters.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..checks import as_matrix, non_negative, one_of, positive, same_rows
+from ..errors import FeaturelabError
+from ..models.leaky_resnet import LeakyResNet
+from ..training.objectives import data_cost
+from .cost_of_identity import GAMMA_MODES, cost_of_identity, features, kernel_metric
+from .ranks import effective_rank, singular_values
+
+PAIRINGS = ("staggered", "same")
+
+
+def _float64_copy(model) -> LeakyResNet:
+    if not isinstance(model, LeakyResNet):
+        raise FeaturelabError(f"model must be a featurelab LeakyResNet, got {type(model).__name__}")
+    return copy.deepcopy(model).to(device="cpu", dtype=torch.float64)
+
+
+def _check_data(model: LeakyResNet, X, Y) -> tuple[torch.Tensor, torch.Tensor]:
+    X, Y = as_matrix("X", X), as_matrix("Y", Y)
+    same_rows("X", X, "Y", Y)
+    if X.shape[1] != model.d_in:
+        raise FeaturelabError(f"X has {X.shape[1]} columns but the model's d_in is {model.d_in}")
+    if Y.shape[1] != model.d_out:
+        raise FeaturelabError(f"Y has {Y.shape[1]} columns but the model's d_out is {model.d_out}")
+    return X, Y
+
+
+def backward_variables(model: LeakyResNet, X, Y, lam: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Representations ``[A_0..A_L]`` and backward variables ``[B_0..B_L]`` (each ``N x w``, float64, CPU).
+
+    ``B_l = −(1/λ) ∂C/∂A_l`` (THEORY.md Part 1 §3.2, paper §2.4) is the total derivative of the data cost
+    ``C = (1/N)‖Y − Ŷ‖²_F`` (the trainer's "mse") through layers l+1..L and ``V_out``, parameters fixed,
+    by autograd on one float64 forward graph. X: ``N x d_in``, Y: ``N x d_out`` (rows are samples).
+    """
+    m = _float64_copy(model)
+    X, Y = _check_data(m, X, Y)
+    positive("lam", lam)
+    with torch.enable_grad():
+        A0 = (X @ m.U_in.T).detach().requires_grad_()
+        reps = m.representations(X, A0=A0)
+        C = data_cost("mse", reps[-1] @ m.V_out.T, Y)
+        grads = torch.autograd.grad(C, reps)
+    return [a.detach() for a in reps], [-g / lam for g in grads]
+
+
+def layer_energies(A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, effective_depth: float,
+                   gamma0: float = 1e-3, gamma_mode: str = "relative") -> dict[str, float]:
+    """The Hamiltonians, energies and Theorem-4 bounds of one layer (THEORY.md Part 1 §3.3-3.5).
+
+    A: ``A_{l-1}``, B: ``B_l``, D: ``D_l = (A_l − A_{l-1})/ρ_l`` (each ``N x w``, rows are samples).
+    With ``L̃`` = effective_depth, ``K = σ(A)σ(A)ᵀ``, γ from (gamma0, gamma_mode) and ``c = ‖B‖``:
+    hamiltonian ``𝓗 = (L̃/2)‖Bᵀσ(A)‖² − L̃ Σ B⊙A`` (eq. 1), h_rescaled ``ĥ = −2𝓗/L̃``;
+    coi_gamma ``COI_γ(A)``; kappa ``κ = ‖D‖²_(K+γI)/L̃²``; kinetic ``T = L̃κ/2``; potential
+    ``U = −(L̃/2)COI_γ``; stable_hamiltonian ``T + U``, h_gamma_rescaled ``ĥ_γ = COI_γ − κ``;
+    thm4 ``(1/2L̃)‖D + γL̃B‖²_(K+γI) − (L̃/2)COI_γ − (γL̃/2)c²`` (equals 𝓗 when ``W = L̃Bᵀσ(A)``);
+    slack_a/b/c: bound minus left side of §3.5 (a)-(c) (≥ 0 when the bound holds).
+    """
+    Lt = float(effective_depth)
+    metric = kernel_metric(A, True, gamma0, gamma_mode)
+    w = A.shape[1]
+    Z = metric.whiten(torch.cat([A, D, B], dim=1))
+    ZA, ZD, ZB = Z[:, :w], Z[:, w:2 * w], Z[:, 2 * w:]
+    g = metric.gamma
+    coi = float((ZA**2).sum())
+    d2 = float((ZD**2).sum())
+    c = float(torch.linalg.norm(B))
+    BS = B.T @ metric.S
+    H = Lt / 2 * float((BS**2).sum()) - Lt * float((B * A).sum())
+    h = -2 * H / Lt
+    kappa = d2 / Lt**2
+    h_gamma = coi - kappa
+    thm4 = float(((ZD + g * Lt * ZB) ** 2).sum()) / (2 * Lt) - Lt / 2 * coi - g * Lt / 2 * c**2
+    d = math.sqrt(d2)
+    return {
+        "B_norm": c, "BS_norm": float(torch.linalg.norm(BS)), "hamiltonian": H, "h_rescaled": h,
+        "kinetic": Lt * kappa / 2, "kappa": kappa, "potential": -Lt / 2 * coi, "coi_gamma": coi,
+        "stable_hamiltonian": Lt * kappa / 2 - Lt / 2 * coi, "h_gamma_rescaled": h_gamma,
+        "thm4": thm4, "thm4_gap": abs(thm4 - H), "D_norm_K": d,
+        "slack_a": 2 / Lt * d * math.sqrt(g) * c + g * c**2 - abs(h - h_gamma),
+        "slack_b": 2 * Lt * math.sqrt(g) * c - abs(d - Lt * math.sqrt(max(0.0, coi - h))),
+        "slack_c": coi + g * c**2 - h,
+        "gamma": g, "jitter": metric.jitter, "condition": metric.condition,
+    }
+
+
+def balancedness_residual(W: torch.Tensor, positions: torch.Tensor, effective_depth: float) -> float:
+    """``max_l |E_l − Ê_l| / max_l E_l`` of the discrete Prop. 10 (THEORY.md Part 1 §3.6, **[ours]** form).
+
+    W: ``L x w x (w+1)`` (bias = last column), positions: ``p_0..p_L``. ``E_l = ‖W_l‖²`` at the midpoints
+    ``m_l = (p_{l-1}+p_l)/2``, ``Ê_l = E_1 + L̃ Σ_{j=2..l} (β_{j-1}+β_j)/2 (m_j − m_{j-1})``, ``β_l = ‖b_l‖²``.
+    """
+    W = W.detach().to(torch.float64)
+    E = (W**2).sum(dim=(1, 2))
+    beta = (W[:, :, -1] ** 2).sum(dim=1)
+    p = positions.to(torch.float64)
+    m = (p[:-1] + p[1:]) / 2
+    increments = effective_depth * (beta[:-1] + beta[1:]) / 2 * (m[1:] - m[:-1])
+    E_hat = E[0] + torch.cat([torch.zeros(1, dtype=E.dtype), torch.cumsum(increments, 0)])
+    return float((E - E_hat).abs().max() / E.max())
+
+
+def geodesic_diagnostics(model: LeakyResNet, X, Y, lam: float, gamma0: float = 1e-3,
+                         gamma_mode: str = "relative", pairing: str = "staggered") -> pd.DataFrame:
+    """Every Part 1 §3 diagnostic of a trained `LeakyResNet` on its training set, one row per layer l = 1..L.
+
+    X: ``N x d_in``, Y: ``N x d_out`` (rows are samples); lam: the λ it was trained with (> 0); gamma0: γ_0 of
+    §3.4 (relative to ‖K_{l-1}‖_op by default, ``gamma_mode="absolute"`` for a fixed γ; 0 uses
+    pseudo-inverses). pairing "staggered" (default) uses ``(A_{l-1}, B_l, W_l, D_l)`` plotted at
+    ``p_{l-1}``; "same" uses ``A_l`` and ``p_l`` instead of ``A_{l-1}`` (identities then only approximate).
+
+    Columns: layer, p, rho, the `layer_energies` keys, pre_hamiltonian
+    ``Tr[Bᵀ(σ(A)W_lᵀ − L̃A)] − ‖W_l‖²/(2L̃)`` (= −(1/λ)∂𝓛/∂ρ_l, §3.3), residual
+    ``r_l = ‖W_l − L̃Bᵀσ(A)‖/‖W_l‖`` (§3.2), negativity ``‖min(A,0)‖/‖A‖`` of the paired A (Prop. 5),
+    sv1..sv10 of W_l and effective_rank ``#{s_i ≥ 0.1 s_1}`` (§3.6).
+    ``.attrs["summary"]``: median/min/max of h_rescaled and h_gamma_rescaled, min_coi
+    (``min_l COI_γ(A_l)``, l = 0..L), path_length_F and path_length_gamma (§3.6), balancedness,
+    max/median residual, max B_norm and BS_norm (Fig. 3), max thm4_gap, the minimum slacks of (a)-(c) and
+    the eq. 4 slacks (d) at the median ĥ.
+    """
+    m = _float64_copy(model)
+    non_negative("gamma0", gamma0)
+    one_of("gamma_mode", gamma_mode, GAMMA_MODES)
+    one_of("pairing", pairing, PAIRINGS)
+    reps, Bs = backward_variables(m, X, Y, lam)
+    Lt, rho, p = m.effective_depth, m.rho, m.positions
+    W = m.W.detach()
+    shift = 0 if pairing == "staggered" else 1
+    rows = []
+    for l in range(1, m.depth + 1):
+        A, B, Wl = reps[l - 1 + shift], Bs[l], W[l - 1]
+        D = (reps[l] - reps[l - 1]) / rho[l - 1]
+        row = {"layer": l, "p": float(p[l - 1 + shift]), "rho": float(rho[l - 1])}
+        row.update(layer_energies(A, B, D, Lt, gamma0, gamma_mode))
+        S = features(A)
+        row["pre_hamiltonian"] = float((B * (S @ Wl.T - Lt * A)).sum()) - float((Wl**2).sum()) / (2 * Lt)
+        row["residual"] = float(torch.linalg.norm(Wl - Lt * B.T @ S) / torch.linalg.norm(Wl))
+        row["negativity"] = float(torch.linalg.norm(A.clamp(max=0)) / torch.linalg.norm(A).clamp_min(1e-300))
+        s = singular_values(Wl, 10)
+        row.update({f"sv{i + 1}": float(s[i]) for i in range(s.numel())})
+        row["effective_rank"] = effective_rank(Wl, 0.1)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+
+    coi_last = cost_of_identity(reps[-1 if shift == 0 else 0], True, gamma0, gamma_mode)
+    min_coi = min(float(df["coi_gamma"].min()), coi_last)
+    path_F = sum(float(torch.linalg.norm(reps[l] - reps[l - 1])) for l in range(1, m.depth + 1))
+    path_gamma = float((df["rho"] * df["D_norm_K"]).sum())
+    h_med = float(df["h_rescaled"].median())
+    sqrt_gc = float((np.sqrt(df["gamma"]) * df["B_norm"]).max())
+    gc2 = float((df["gamma"] * df["B_norm"] ** 2).max())
+    summary = {
+        "h_median": h_med, "h_min": float(df["h_rescaled"].min()), "h_max": float(df["h_rescaled"].max()),
+        "h_gamma_median": float(df["h_gamma_rescaled"].median()),
+        "h_gamma_min": float(df["h_gamma_rescaled"].min()), "h_gamma_max": float(df["h_gamma_rescaled"].max()),
+        "min_coi": min_coi, "path_length_F": path_F, "path_length_gamma": path_gamma,
+        "balancedness": balancedness_residual(W, p, Lt),
+        "residual_max": float(df["residual"].max()), "residual_median": float(df["residual"].median()),
+        "B_norm_max": float(df["B_norm"].max()), "BS_norm_max": float(df["BS_norm"].max()),
+        "thm4_gap_max": float(df["thm4_gap"].max()),
+        "slack_a_min": float(df["slack_a"].min()), "slack_b_min": float(df["slack_b"].min()),
+        "slack_c_min": float(df["slack_c"].min()),
+        "slack_d_lower": (h_med - min_coi) + (path_gamma / Lt + sqrt_gc) ** 2,
+        "slack_d_upper": gc2 - (h_med - min_coi),
+    }
+    df.attrs["summary"] = summary
+    return df

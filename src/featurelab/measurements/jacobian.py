@@ -1,0 +1,111 @@
+"""Input Jacobians Jf(x) and the NTK trace Tr Θ(x, x) of a network (THEORY.md Part 2 §2.3-§2.4, §3.3, §3.8).
+
+Rows are samples: inputs are ``N x d_in`` (or one sample, a 1-D tensor of length d_in). Everything is
+computed in float64 on a float64 copy of the stored parameters, with `torch.func` (`jacrev`, `vmap`,
+`functional_call`); the model itself is not modified.
+"""
+from __future__ import annotations
+
+import torch
+from torch.func import functional_call, jacrev, vmap
+
+from ..checks import as_matrix, non_negative
+from ..errors import FeaturelabError
+from .ranks import numerical_rank
+
+
+def _float64_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    state = {k: v.detach().to(torch.float64) for k, v in model.named_parameters()}
+    state.update({k: v.to(torch.float64) if v.is_floating_point() else v for k, v in model.named_buffers()})
+    return state
+
+
+def _inputs(x, model: torch.nn.Module) -> tuple[torch.Tensor, bool]:
+    """x as an ``N x d_in`` float64 matrix on the model's device, and whether it was a single sample."""
+    single = isinstance(x, torch.Tensor) and x.ndim == 1
+    X = as_matrix("x", x[None] if single else x)
+    d_in = model.dims[0] if hasattr(model, "dims") else getattr(model, "d_in", X.shape[1])
+    if X.shape[1] != d_in:
+        raise FeaturelabError(f"x has {X.shape[1]} columns but the model takes d_in={d_in} inputs (rows are samples)")
+    device = next(model.parameters()).device
+    return X.to(device), single
+
+
+def jacobian(model: torch.nn.Module, x) -> torch.Tensor:
+    """Jf(x) = ∂f(x)/∂x for each sample (Part 2 §3.3), via `torch.func.jacrev` + `vmap`, float64.
+
+    x: ``N x d_in`` (rows are samples) -> ``N x d_out x d_in``; a 1-D x (one sample) -> ``d_out x d_in``.
+    """
+    X, single = _inputs(x, model)
+    state = _float64_state(model)
+    f = lambda xi: functional_call(model, state, (xi[None],))[0]
+    J = vmap(jacrev(f))(X)
+    return J[0] if single else J
+
+
+def jacobian_ranks(model: torch.nn.Module, x, tol: float = 1e-3) -> torch.Tensor:
+    """Numerical rank #{i: s_i(Jf(x)) > tol·s_1} at each sample (Part 2 §3.2, relative for Jacobians).
+
+    x: ``N x d_in`` -> int64 tensor of length N (a 1-D x -> a 0-d tensor). Rank_J(f; Ω) is its maximum.
+    """
+    non_negative("tol", tol)
+    J = jacobian(model, x)
+    ranks = [numerical_rank(Ji, tol) for Ji in (J[None] if J.ndim == 2 else J)]
+    out = torch.tensor(ranks, dtype=torch.int64)
+    return out[0] if J.ndim == 2 else out
+
+
+def ntk_trace(model: torch.nn.Module, x) -> torch.Tensor:
+    """Tr Θ(x, x) = Σ_o ‖∇_θ f_o(x)‖² for each sample (Part 2 §2.4, §3.8), by autograd over the
+    parameters (`jacrev` of `functional_call`), float64. Biases are parameters, so they count.
+
+    x: ``N x d_in`` (rows are samples) -> length-N tensor; a 1-D x -> a 0-d tensor. Tr Θ / L = O(1) is
+    the 'normal' scale; much larger values mean a narrow minimum.
+    """
+    X, single = _inputs(x, model)
+    state = _float64_state(model)
+    names = [k for k, _ in model.named_parameters()]
+    params = {k: state[k] for k in names}
+    rest = {k: v for k, v in state.items() if k not in params}
+
+    def trace(xi):
+        grads = jacrev(lambda p: functional_call(model, {**p, **rest}, (xi[None],))[0])(params)
+        return sum((g**2).sum() for g in grads.values())
+
+    t = vmap(trace)(X)
+    return t[0] if single else t
+
+
+def ntk_trace_closed_form(model, x) -> torch.Tensor:
+    """Tr Θ(x, x) = Σ_ℓ (‖α_{ℓ-1}(x)‖² + β²)·‖∂f(x)/∂α̃_ℓ‖²_F for an `MLP` (Part 2 §2.4; β = the bias
+    amount, so +1 for the usual W α + b and +0 bias-free). The backward factors are built explicitly:
+    ∂f/∂α̃_L = I, ∂f/∂α̃_ℓ = ∂f/∂α̃_{ℓ+1} W_{ℓ+1} diag(σ'(α̃_ℓ)) with σ'_a(z) = 1 (z > 0), a (z <= 0).
+
+    x: ``N x d_in`` -> length-N tensor (a 1-D x -> 0-d). An independent cross-check of `ntk_trace`.
+    """
+    if not hasattr(model, "weight_matrices") or not hasattr(model, "linear_tail"):
+        raise FeaturelabError(f"ntk_trace_closed_form needs a featurelab MLP, got {type(model).__name__}")
+    X, single = _inputs(x, model)
+    Ws = [W.detach().to(torch.float64) for W in model.weight_matrices()]
+    a, pre, act = X, [], [X]
+    for l, W in enumerate(model.weights, start=1):
+        z = model.with_bias(a) @ W.detach().to(torch.float64).T
+        pre.append(z)
+        if l < model.depth:
+            a = model.sigma(z, l)
+            act.append(a)
+    L = model.depth
+    d_out = Ws[-1].shape[0]
+    G = torch.eye(d_out, dtype=torch.float64, device=X.device).expand(X.shape[0], d_out, d_out)  # ∂f/∂α̃_L
+    total = ((act[L - 1] ** 2).sum(1) + model.bias**2) * (G**2).sum((1, 2))
+    for l in range(L - 1, 0, -1):  # hidden layer l: ∂f/∂α̃_l = ∂f/∂α̃_{l+1} W_{l+1} diag(σ'(α̃_l))
+        z = pre[l - 1]
+        if model.activation == "tanh" and l <= L - model.linear_tail:
+            slope = 1 - torch.tanh(z) ** 2
+        elif l > L - model.linear_tail:
+            slope = torch.ones_like(z)
+        else:
+            slope = torch.where(z > 0, torch.ones_like(z), torch.full_like(z, model.leak))
+        G = (G @ Ws[l]) * slope[:, None, :]
+        total = total + ((act[l - 1] ** 2).sum(1) + model.bias**2) * (G**2).sum((1, 2))
+    return total[0] if single else total

@@ -1,0 +1,113 @@
+"""Bias-free convolutional layers and their matrix unfoldings (THEORY.md Part 5 §1, §4; Le & Jegelka).
+
+Images are ``N x c x H x W`` (PyTorch layout). A kernel ``K`` is ``c_out x c_in x k_h x k_w``. Part 5 §1
+reads a kernel through two matrices whose rows/columns are channels:
+
+    B(K) = K.reshape(c_out, -1)                          (c_out x c_in·k_h·k_w, output side),
+    A(K) = K.permute(0, 2, 3, 1).reshape(-1, c_in)       (c_out·k_h·k_w x c_in, input side),
+
+and an FC layer ``W`` (``m x c·S``) reading a conv output flattened channel-major through
+
+    A(W) = W.reshape(m, c, S).permute(0, 2, 1).reshape(m·S, c).
+
+Theorem 1 compares ``B`` of one layer with ``A`` of the next; §4's switch costs bound
+``‖B‖²_op <= r·‖A‖²_op`` with r = min(c_in, k_h k_w) (conv) and r = min(c, S) (FC after conv).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checks import int_at_least, non_negative
+from ..errors import FeaturelabError
+
+
+def unfold_out(K: torch.Tensor) -> torch.Tensor:
+    """B(K): ``c_out x (c_in·k_h·k_w)`` (Part 5 §1). Also accepts a matrix (returned unchanged)."""
+    return K.reshape(K.shape[0], -1)
+
+
+def unfold_in(K: torch.Tensor) -> torch.Tensor:
+    """A(K): ``(c_out·k_h·k_w) x c_in``, one column per input channel (Part 5 §1)."""
+    return K.permute(0, 2, 3, 1).reshape(-1, K.shape[1])
+
+
+def unfold_after_conv(W: torch.Tensor, channels: int) -> torch.Tensor:
+    """A(W) of a matrix ``m x (channels·S)`` reading a channel-major flattened conv output:
+    ``(m·S) x channels`` (Part 5 §1)."""
+    m, n = W.shape
+    if n % channels:
+        raise FeaturelabError(f"a matrix with {n} columns cannot read {channels} channels (columns must be channels·S)")
+    return W.reshape(m, channels, n // channels).permute(0, 2, 1).reshape(-1, channels)
+
+
+def leaky(z: torch.Tensor, leak: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Unit-wise σ(z) = z for z > 0, leak·z otherwise; `leak` has one entry per unit along `dim`
+    (0 = ReLU, 1 = linear). σ'(0) = leak, as torch's ReLU."""
+    shape = [1] * z.ndim
+    shape[dim] = -1
+    return torch.where(z > 0, z, leak.view(shape).to(z.dtype) * z)
+
+
+def unit_leaks(leak, n: int, name: str = "leak") -> torch.Tensor:
+    """`leak` (a number, or one number per unit) as a float64 vector of length `n`."""
+    t = torch.as_tensor(leak, dtype=torch.float64).reshape(-1)
+    if t.numel() == 1:
+        t = t.expand(n).clone()
+    if t.numel() != n or not torch.isfinite(t).all():
+        raise FeaturelabError(f"{name}={leak!r} is not allowed: give one finite number or {n} of them (one per unit)")
+    return t
+
+
+class Conv(nn.Module):
+    """Bias-free 2-D convolution followed by a unit-wise (leaky-)ReLU or identity (Part 5 §1, §6a).
+
+    Args:
+        c_in, c_out: channels; kernel: k (square k x k) ; stride, padding: as torch.nn.functional.conv2d.
+        leak: per-channel slope for z <= 0 (0 ReLU, 1 linear), a number or ``c_out`` numbers.
+        init_scale: s, weights ~ N(0, s²/fan_in) with fan_in = c_in·k² (Part 5 §6).
+        generator: torch.Generator for the init; dtype: parameter dtype.
+    ``forward`` maps ``N x c_in x H x W`` to the pre-activation ``N x c_out x H' x W'``; `act` applies σ.
+    """
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, padding: int = 0, leak=0.0,
+                 init_scale: float = 1.0, generator: torch.Generator | None = None, dtype=torch.float64):
+        super().__init__()
+        for name, v, low in (("c_in", c_in, 1), ("c_out", c_out, 1), ("kernel", kernel, 1), ("stride", stride, 1),
+                             ("padding", padding, 0)):
+            int_at_least(name, v, low)
+        non_negative("init_scale", init_scale)
+        self.stride, self.padding = stride, padding
+        std = init_scale / math.sqrt(c_in * kernel * kernel)
+        w = torch.randn(c_out, c_in, kernel, kernel, generator=generator, dtype=torch.float64) * std
+        self.weight = nn.Parameter(w.to(dtype))
+        self.register_buffer("leak", unit_leaks(leak, c_out))
+
+    @property
+    def switch_factor(self) -> int:
+        """r = min(c_in, k_h k_w): ‖B(K)‖²_op <= r ‖A(K)‖²_op, tight (Part 5 §4 step 2, fact 8)."""
+        c_out, c_in, kh, kw = self.weight.shape
+        return min(c_in, kh * kw)
+
+    def out_shape(self, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+        """Output ``(c_out, H', W')`` for input ``(c_in, H, W)``."""
+        c_out, c_in, kh, kw = self.weight.shape
+        if len(shape) != 3 or shape[0] != c_in:
+            raise FeaturelabError(f"Conv with c_in={c_in} cannot read input of shape {shape} (need (c_in, H, W))")
+        h = (shape[1] + 2 * self.padding - kh) // self.stride + 1
+        w = (shape[2] + 2 * self.padding - kw) // self.stride + 1
+        if h < 1 or w < 1:
+            raise FeaturelabError(f"Conv kernel {kh}x{kw} does not fit input of shape {shape}")
+        return (c_out, h, w)
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(a, self.weight, stride=self.stride, padding=self.padding)
+
+    def act(self, z: torch.Tensor) -> torch.Tensor:
+        return leaky(z, self.leak, dim=1)
+
+    def extra_repr(self) -> str:
+        return f"weight={tuple(self.weight.shape)}, stride={self.stride}, padding={self.padding}"

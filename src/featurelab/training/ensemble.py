@@ -1,0 +1,407 @@
+"""Batched ensembles: train M same-shape models as one computation, with `train`'s semantics.
+
+The members' parameters are stacked into ``M x ...`` leaves and one vmapped loss
+(``torch.func.functional_call`` + ``torch.func.vmap``) gives every member its own cost, penalty and
+gradient in a few batched kernels. Members may differ in anything that is a tensor (initial weights,
+so seed and init scale; buffers such as the Leaky-ResNet steps ρ; the data, if same-shaped) and in
+λ, learning rates, ``lr_min``, the mini-batch seed, and float attributes of the model that enter the
+forward pass arithmetically (the Leaky-ResNet effective depth L̃). Everything else (shapes, the
+phase list, optimizers, schedules, logging) must be equal; `ensemble_key` says when two runs can
+share an ensemble.
+
+Adam and SGD (with momentum) are applied to the stacked tensors with torch's own update formulas, so
+each member follows exactly the run `train` would give it: in float64 the two agree to rounding
+(the batched matmuls sum in another order), see docs/scale.md for the measured agreement. L-BFGS
+(a line search per member) is not batched: `ensemble_key` returns None for such runs.
+
+Every member gets `train`'s run record in its own folder (``history.csv``, ``model.safetensors``
+and a ``checkpoint.safetensors`` in `train`'s format, optimizer state included), so a member can be
+resumed one-by-one by `train(..., resume=True)`. Metrics are gathered only at logging steps (one
+host-device synchronisation per log step for the whole ensemble); the step loop has none.
+THEORY.md Part 0 (training conventions).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+from tqdm.auto import tqdm
+
+from ..data.dataset import Dataset
+from ..errors import FeaturelabError
+from ..runtime import resolve_device
+from ..runs.io import write_text
+from .checkpoint import save_checkpoint, save_model
+from .objectives import data_cost
+from .trainer import TrainConfig, TrainResult, _batches, evaluate
+
+PER_MEMBER_PHASE_FIELDS = ("lr", "lr_min")
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which `train` uses
+
+
+# ------------------------------------------------------------------------------ grouping
+def _float_attrs(model: nn.Module) -> dict[str, float]:
+    """Every plain float attribute of `model` and its submodules, by dotted name."""
+    out = {}
+    for prefix, mod in model.named_modules():
+        for k, v in vars(mod).items():
+            if isinstance(v, float) and not k.startswith("_"):
+                out[f"{prefix}.{k}" if prefix else k] = v
+    return out
+
+
+def _static_attrs(model: nn.Module) -> tuple:
+    """The non-float, non-tensor plain attributes of `model` (they must be equal across an ensemble)."""
+    items = []
+    for prefix, mod in model.named_modules():
+        for k, v in sorted(vars(mod).items()):
+            if k.startswith("_") or k == "training" or isinstance(v, (float, torch.Tensor, nn.Module)):
+                continue
+            items.append((prefix, k, repr(v)))
+    return tuple(items)
+
+
+def _shapes(tensors) -> tuple:
+    return tuple((k, tuple(v.shape), str(v.dtype), bool(getattr(v, "requires_grad", False))) for k, v in tensors)
+
+
+def ensemble_key(model: nn.Module, data: Dataset, config: TrainConfig) -> tuple | None:
+    """A hashable key; runs with equal keys can be trained as one ensemble. None: not batchable
+    (an L-BFGS phase). Differences allowed inside a key: tensor values, float model attributes,
+    ``lam``, ``seed`` and each phase's ``lr``/``lr_min``."""
+    config = TrainConfig.model_validate(config)
+    if any(p.optimizer == "lbfgs" for p in config.phases):
+        return None
+    phases = tuple(tuple(sorted((k, repr(v)) for k, v in p.model_dump().items() if k not in PER_MEMBER_PHASE_FIELDS))
+                   for p in config.phases)
+    cfg = tuple(sorted((k, repr(v)) for k, v in config.model_dump().items() if k not in ("lam", "seed", "phases")))
+    data_shapes = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in
+                        (("X_train", data.X_train), ("Y_train", data.Y_train), ("X_test", data.X_test),
+                         ("Y_test", data.Y_test)))
+    return (type(model).__qualname__, _shapes(model.named_parameters()), _shapes(model.named_buffers()),
+            _static_attrs(model), tuple(sorted(_float_attrs(model))), data_shapes, data.n_classes, cfg, phases)
+
+
+# ------------------------------------------------------------------------------- helpers
+def _as_list(value, n: int, name: str) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise FeaturelabError(f"{name} has {len(value)} entries; give one per model ({n}) or a single one")
+        return list(value)
+    return [value] * n
+
+
+def _set_path(root: nn.Module, name: str, value) -> None:
+    """Set the plain attribute `name` (dotted) of `root` to `value` (a float or a 0-d tensor)."""
+    mod, _, attr = name.rpartition(".")
+    (root.get_submodule(mod) if mod else root).__dict__[attr] = value
+
+
+def _get_path(root: nn.Module, name: str):
+    mod, _, attr = name.rpartition(".")
+    return (root.get_submodule(mod) if mod else root).__dict__[attr]
+
+
+class _Objective(nn.Module):
+    """``(cost, penalty)`` of one member, for `functional_call` under `vmap`."""
+
+    def __init__(self, model: nn.Module, objective: str, float_names: list[str]):
+        super().__init__()
+        self.model, self.objective, self.float_names = model, objective, float_names
+
+    def forward(self, X, Y, lam, floats):
+        saved = {k: _get_path(self.model, k) for k in self.float_names}
+        try:
+            for k, v in zip(self.float_names, floats):
+                _set_path(self.model, k, v)
+            out = self.model(X)
+            cost = data_cost(self.objective, out, Y)
+            pen = self.model.penalty(lam) if lam is not None else torch.zeros((), dtype=cost.dtype)
+            return cost, pen
+        finally:
+            for k, v in saved.items():
+                _set_path(self.model, k, v)
+
+
+class _Stack:
+    """The members' parameters and buffers stacked along a leading member axis. Each member's own
+    module keeps views into the stacks, so it always shows its current values (for `evaluate`,
+    ``adapt_steps`` and saving)."""
+
+    def __init__(self, models: list[nn.Module]):
+        self.models = models
+        self.build()
+
+    def build(self) -> None:
+        """(Re)stack from the members' current tensors (after a dtype change, say) and bind the views."""
+        first = self.models[0]
+        with torch.no_grad():
+            self.params = {k: torch.stack([m.get_parameter(k).detach() for m in self.models]).requires_grad_(True)
+                           for k, p in first.named_parameters() if p.requires_grad}
+            self.buffers = {k: torch.stack([m.get_parameter(k).detach() for m in self.models])
+                            for k, p in first.named_parameters() if not p.requires_grad}
+            self.buffers.update({k: torch.stack([m.get_buffer(k) for m in self.models])
+                                 for k, _ in first.named_buffers()})
+        self.bind()
+
+    def bind(self) -> None:
+        for i, m in enumerate(self.models):
+            for k, t in self.params.items():
+                m.get_parameter(k).data = t.detach()[i]
+            for k, t in self.buffers.items():
+                mod, _, attr = k.rpartition(".")
+                owner = m.get_submodule(mod) if mod else m
+                if attr in owner._parameters:
+                    owner._parameters[attr].data = t[i]
+                else:
+                    owner._buffers[attr] = t[i]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.params.values())).dtype
+
+
+def _per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-member (M,) tensor in `like`'s dtype, shaped to broadcast against the stacked `like`."""
+    return values.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
+
+
+def _same_data(a: Dataset, b: Dataset) -> bool:
+    return a is b or all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("X_train", "Y_train", "X_test", "Y_test"))
+
+
+# ----------------------------------------------------------------------------------- train
+def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], configs: TrainConfig | list[TrainConfig],
+                   *, device: str = "cpu", run_dirs: list[str | Path | None] | None = None,
+                   progress: bool | None = None) -> list[TrainResult | FeaturelabError]:
+    """Train ``M = len(models)`` same-shape models as one batched computation; returns one entry per
+    member: its `TrainResult` (as `train` would return it), or the `FeaturelabError` that `train`
+    would have raised (a member whose loss diverged; the others go on).
+
+    models: modules of equal type and parameter shapes, trained in place (rows are samples, as in `train`).
+    data: one `Dataset` for all, or one per member (equal shapes).
+    configs: one `TrainConfig` or one per member, equal up to ``lam``, ``seed`` and each phase's
+        ``lr``/``lr_min`` (checked with `ensemble_key`).
+    run_dirs: per member, a folder for `train`'s run record, or None.
+    Fresh runs only (no resume): resume a member one-by-one with `train(..., resume=True)`.
+    THEORY.md Part 0; docs/scale.md.
+    """
+    M = len(models)
+    if M == 0:
+        raise FeaturelabError("models is empty; give at least one model")
+    datas = _as_list(data, M, "data")
+    cfgs = [TrainConfig.model_validate(c) for c in _as_list(configs, M, "configs")]
+    dirs = [Path(d) if d is not None else None for d in _as_list(run_dirs, M, "run_dirs")]
+    keys = [ensemble_key(m, d, c) for m, d, c in zip(models, datas, cfgs)]
+    if keys[0] is None:
+        raise FeaturelabError("configs has an lbfgs phase, which cannot be batched; use train() per model")
+    if any(k != keys[0] for k in keys):
+        bad = next(i for i, k in enumerate(keys) if k != keys[0])
+        raise FeaturelabError(f"models[{bad}] cannot join the ensemble of models[0]: shapes, attributes, data "
+                              "shapes or training phases differ (only values, lam, seed, lr and lr_min may)")
+    dev = resolve_device(device)
+    t0 = time.perf_counter()
+    for m in models:
+        m.to(dev)
+    cfg0 = cfgs[0]
+    stack = _Stack(models)
+    floats = {k: v for k, v in _float_attrs(models[0]).items()
+              if any(_float_attrs(m)[k] != v for m in models[1:])}
+    float_names = list(floats)
+    float_values = [torch.tensor([_float_attrs(m)[k] for m in models], dtype=torch.float64, device=dev)
+                    for k in float_names]
+    objective = _Objective(models[0], cfg0.objective, float_names)
+    lams = torch.tensor([c.lam for c in cfgs], dtype=torch.float64, device=dev)
+    shared_data = all(_same_data(d, datas[0]) for d in datas[1:])
+    errors: list[FeaturelabError | None] = [None] * M
+    rows: list[list[dict]] = [[] for _ in range(M)]
+    lr_scale = torch.ones(M, dtype=torch.float64, device=dev)
+
+    def data_on(dtype):
+        ds = [d.to(dtype=dtype, device=dev) for d in (datas[:1] if shared_data else datas)]
+        X = ds[0].X_train if shared_data else torch.stack([d.X_train for d in ds])
+        Y = ds[0].Y_train if shared_data else torch.stack([d.Y_train for d in ds])
+        return (ds * M if shared_data else ds), X, Y
+
+    use_penalty = any(c.lam > 0 for c in cfgs)
+
+    def losses(X, Y, idx):
+        """Per-member (cost, penalty), each (M,). idx: mini-batch indices, (B,) shared or (M, B), or None."""
+        if idx is not None:
+            if shared_data:
+                X, Y = X[idx], Y[idx]
+            else:
+                rows_ = torch.arange(M, device=dev)[:, None]
+                X, Y = X[rows_, idx], Y[rows_, idx]
+        batched = (idx is not None and idx.dim() == 2) or not shared_data
+        state = {f"model.{k}": v for k, v in {**stack.params, **stack.buffers}.items()}
+        fl = [v.to(stack.dtype) for v in float_values]
+        lam = lams.to(stack.dtype) if use_penalty else None
+
+        def one(st, X, Y, lam, fl):
+            return functional_call(objective, st, (X, Y, lam, fl))
+
+        in_dims = (0, 0 if batched else None, 0 if batched else None, 0 if lam is not None else None,
+                   [0] * len(fl))
+        return vmap(one, in_dims=in_dims)(state, X, Y, lam, fl)
+
+    def log(step, phase_idx, lr, ds):
+        now = time.perf_counter() - t0
+        for i, m in enumerate(models):
+            if errors[i] is not None:
+                continue
+            row = {"step": step, "phase": phase_idx, "lr": float(lr[i]) if lr is not None else float("nan")}
+            row.update(evaluate(m, ds[i], cfgs[i]))
+            row["seconds"] = now
+            rows[i].append(row)
+
+    def checkpoint(step, finished, phase, opt_state):
+        for i, m in enumerate(models):
+            if dirs[i] is None or errors[i] is not None:
+                continue
+            opt = None
+            if phase is not None and opt_state:
+                opt = _torch_optimizer(phase, cfgs[i].phases, m, stack, opt_state, i)
+            info = {"step": step, "done": finished, "history": rows[i], "lr_scale": float(lr_scale[i]),
+                    "dtype": str(stack.dtype).replace("torch.", ""), "rho_history": getattr(m, "rho_history", [])}
+            save_checkpoint(dirs[i], m, opt, info)
+
+    total = sum(p.steps for p in cfg0.phases)
+    ds, X, Y = data_on(stack.dtype)
+    with torch.no_grad():
+        log(0, 0, None, ds)
+    bar = tqdm(total=total, disable=not (sys.stderr.isatty() if progress is None else progress), leave=False,
+               desc=f"ensemble of {M}")
+    offset = 0
+    for phase_idx, phase in enumerate(cfg0.phases):
+        if phase.dtype is not None and stack.dtype != getattr(torch, phase.dtype):
+            for m in models:
+                m.to(getattr(torch, phase.dtype))
+            stack.build()
+            ds, X, Y = data_on(stack.dtype)
+        member_phases = [c.phases[phase_idx] for c in cfgs]
+        lr0 = torch.tensor([p.lr for p in member_phases], dtype=torch.float64, device=dev)
+        lr_min = torch.tensor([p.lr_min for p in member_phases], dtype=torch.float64, device=dev)
+        opt_state: dict[str, dict[str, torch.Tensor]] = {}
+        snapshot = None  # (loss (M,), params dict, have (M,) bool)
+        for k in range(phase.steps):
+            step = offset + k
+            if phase.schedule == "constant":
+                lr = lr0
+            elif phase.schedule == "cosine":
+                lr = lr_min + (lr0 - lr_min) * 0.5 * (1 + math.cos(math.pi * k / max(phase.steps, 1)))
+            else:  # inverse_norm: lr/‖θ‖^p floored at lr_min (trainer._lr)
+                power = phase.norm_power if phase.norm_power is not None else getattr(models[0], "depth", 2) - 2
+                sq = sum((p.detach().double() ** 2).flatten(1).sum(1) for p in stack.params.values())
+                lr = torch.maximum(lr0 / torch.sqrt(sq) ** power, lr_min)
+            lr = lr * lr_scale
+            idx = None
+            if phase.batch_size is not None and phase.batch_size < X.shape[-2]:
+                n = X.shape[-2]
+                if shared_data and all(c.seed == cfg0.seed for c in cfgs):
+                    idx = _batches(n, phase.batch_size, cfg0.seed, step, dev)  # one batch for all: (B,)
+                else:
+                    idx = torch.stack([_batches(n, phase.batch_size, c.seed, step, dev) for c in cfgs])  # (M, B)
+            if phase.guard_window and k % phase.guard_window == 0:  # trainer's guard, per member
+                with torch.no_grad():
+                    cost, pen = losses(X, Y, idx)
+                    cur = cost + pen
+                    current = {n_: p.detach().clone() for n_, p in stack.params.items()}
+                    if snapshot is None:
+                        snapshot = (cur, current)
+                    else:
+                        rise = cur > snapshot[0]
+                        for n_, p in stack.params.items():
+                            mask = rise.reshape(-1, *([1] * (p.dim() - 1)))
+                            p.copy_(torch.where(mask, snapshot[1][n_], p))
+                            current[n_] = torch.where(mask, snapshot[1][n_], current[n_])
+                        lr_scale = torch.where(rise, lr_scale * 0.5, lr_scale)
+                        snapshot = (torch.where(rise, snapshot[0], cur), current)
+            for p in stack.params.values():
+                p.grad = None
+            cost, pen = losses(X, Y, idx)
+            loss = cost + pen
+            loss.sum().backward()
+            with torch.no_grad():
+                _update(phase, stack, opt_state, lr, step_in_phase=k + 1)
+            if (phase.adapt_every and hasattr(models[0], "adapt_steps") and (k + 1) % phase.adapt_every == 0
+                    and k + 1 < phase.adapt_stop * phase.steps):
+                for i, m in enumerate(models):
+                    m.adapt_steps(ds[i].X_train)
+            bar.update(1)
+            if (step + 1) % cfg0.log_every == 0 or step + 1 == total:
+                values = loss.detach().double().cpu()  # the only synchronisation: at log steps
+                for i, v in enumerate(values.tolist()):
+                    if errors[i] is None and not math.isfinite(v):
+                        errors[i] = FeaturelabError(
+                            f"training diverged at step {step + 1} (loss {v}); lower the learning rate "
+                            f"(phase {phase_idx}: lr={member_phases[i].lr})")
+                with torch.no_grad():
+                    log(step + 1, phase_idx, lr.cpu(), ds)
+            if cfg0.checkpoint_every and (step + 1) % cfg0.checkpoint_every == 0:
+                checkpoint(step + 1, False, phase, opt_state)
+        offset += phase.steps
+    bar.close()
+    checkpoint(total, True, None, None)
+    seconds = time.perf_counter() - t0
+    out: list[TrainResult | FeaturelabError] = []
+    for i, m in enumerate(models):
+        if errors[i] is not None:
+            out.append(errors[i])
+            continue
+        history = pd.DataFrame(rows[i])
+        if dirs[i] is not None:
+            write_text(dirs[i] / "history.csv", history.to_csv(index=False))
+            save_model(m, dirs[i] / "model.safetensors")
+        out.append(TrainResult(m, history, seconds, 0))
+    return out
+
+
+def _update(phase, stack: _Stack, state: dict, lr: torch.Tensor, step_in_phase: int) -> None:
+    """One optimizer step on the stacked parameters, with torch.optim's formulas and per-member lr."""
+    for name, p in stack.params.items():
+        g = p.grad
+        st = state.setdefault(name, {})
+        if phase.optimizer == "adam":  # torch.optim.adam._single_tensor_adam, per-member lr
+            b1, b2 = ADAM_BETAS
+            if not st:
+                st["exp_avg"], st["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+            st["step"] = step_in_phase
+            st["exp_avg"].lerp_(g, 1 - b1)
+            st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
+            bc1, bc2 = 1 - b1 ** step_in_phase, 1 - b2 ** step_in_phase
+            step_size = _per_member(lr / bc1, p)
+            denom = (st["exp_avg_sq"].sqrt() / bc2 ** 0.5).add_(ADAM_EPS)
+            p.add_(-step_size * st["exp_avg"] / denom)
+        else:  # torch.optim.sgd._single_tensor_sgd (no dampening, no nesterov)
+            if phase.momentum:
+                if "momentum_buffer" not in st:
+                    st["momentum_buffer"] = g.clone()
+                else:
+                    st["momentum_buffer"].mul_(phase.momentum).add_(g)
+                g = st["momentum_buffer"]
+            p.add_(-_per_member(lr, p) * g)
+
+
+def _torch_optimizer(phase, phases, model: nn.Module, stack: _Stack, state: dict, i: int):
+    """Member i's optimizer state as the torch optimizer `train` would hold (for its checkpoint)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if phase.optimizer == "adam":
+        opt = torch.optim.Adam(params, lr=phase.lr)
+    else:
+        opt = torch.optim.SGD(params, lr=phase.lr, momentum=phase.momentum)
+    names = [k for k, p in model.named_parameters() if p.requires_grad]
+    for name, p in zip(names, params):
+        st = state.get(name, {})
+        if phase.optimizer == "adam" and st:
+            opt.state[p] = {"step": torch.tensor(float(st["step"])), "exp_avg": st["exp_avg"][i].clone(),
+                            "exp_avg_sq": st["exp_avg_sq"][i].clone()}
+        elif "momentum_buffer" in st:
+            opt.state[p] = {"momentum_buffer": st["momentum_buffer"][i].clone()}
+    return opt

@@ -1,0 +1,35 @@
+"""Config validation: a wrong key, type or range is one line naming the field and what is allowed."""
+import pytest
+
+import featurelab as fl
+from featurelab.config import parse_overrides
+from featurelab.runs.runner import resolve_config
+
+
+def test_parse_overrides_types_and_nesting():
+    got = parse_overrides(["lam=1e-3", "widths=[2, 4]", "name=abc", "train.lr=0.5", "flag=true"])
+    assert got == {"lam": 1e-3, "widths": [2, 4], "name": "abc", "train": {"lr": 0.5}, "flag": True}
+    with pytest.raises(fl.FeaturelabError, match="key=value"):
+        parse_overrides(["lam"])
+
+
+@pytest.mark.parametrize("overrides,pattern", [
+    ({"lam": -1}, r"^lam=-1 is not allowed for leaky-bottleneck: Input should be greater than 0$"),
+    ({"lamda": 1}, r"^unknown key 'lamda' for leaky-bottleneck; allowed keys: seed, .*lam"),
+    ({"depth": "abc"}, r"^depth='abc' is not allowed for leaky-bottleneck: .*integer"),
+    ({"steps": "random"}, r"^steps='random' is not allowed .*'equidistant', 'irregular' or 'adaptive'"),
+    ({"effective_depth": 20}, r"^invalid config for leaky-bottleneck: depth=16 is too small"),
+])
+def test_config_errors_are_one_line(overrides, pattern):
+    with pytest.raises(fl.FeaturelabError, match=pattern) as err:
+        resolve_config("leaky-bottleneck", "quick", overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_presets_and_seed_override():
+    _, cfg = resolve_config("leaky-bottleneck", "paper", {"lam": 0.01}, seed=5)
+    assert (cfg.width, cfg.depth, cfg.lam, cfg.seed) == (200, 50, 0.01, 5)
+    with pytest.raises(fl.FeaturelabError, match="preset='huge' is not defined"):
+        resolve_config("leaky-bottleneck", "huge")
+    with pytest.raises(fl.FeaturelabError, match="does not exist; choose one of"):
+        resolve_config("no-such-experiment")

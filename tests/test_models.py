@@ -1,0 +1,173 @@
+"""Models: the rows convention, forward passes against independent numpy references, penalties,
+and the Leaky-ResNet layer-step schemes (THEORY.md Part 1 §1-§2, Part 3 §1)."""
+import numpy as np
+import pytest
+import torch
+
+import featurelab as fl
+from featurelab.models import adaptive_update
+
+
+def numpy_mlp(Ws, X, beta, leak):
+    """Reference forward pass in numpy with columns as samples (THEORY.md's convention)."""
+    Z = X.T
+    for l, W in enumerate(Ws):
+        inp = np.vstack([Z, beta * np.ones((1, Z.shape[1]))]) if beta > 0 else Z
+        Z = W @ inp
+        if l < len(Ws) - 1:
+            Z = np.where(Z > 0, Z, leak * Z)
+    return Z.T
+
+
+@pytest.mark.parametrize("bias,leak", [(0.0, 0.0), (1.0, 0.0), (0.7, 0.3), (1.0, -0.5)])
+def test_mlp_matches_numpy_reference_rows_are_samples(bias, leak):
+    model = fl.MLP(5, 3, [7, 4], depth=3, leak=leak, bias=bias, seed=3, dtype=torch.float64)
+    with torch.no_grad():  # non-zero biases so the bias column matters
+        for W in model.weights:
+            W.add_(0.1 * torch.randn_like(W))
+    X = torch.randn(11, 5, dtype=torch.float64)
+    out = model(X)
+    assert out.shape == (11, 3)
+    ref = numpy_mlp([W.detach().numpy() for W in model.weights], X.numpy(), bias, leak)
+    np.testing.assert_allclose(out.detach().numpy(), ref, rtol=1e-12, atol=1e-12)
+    fwd = model(X, return_layers=True)
+    assert [z.shape for z in fwd.pre] == [(11, 7), (11, 4), (11, 3)]
+    assert [a.shape for a in fwd.act] == [(11, 5), (11, 7), (11, 4)]
+    assert torch.equal(fwd.act[0], X) and torch.equal(fwd.output, out)
+
+
+def test_linear_mlp_is_the_product_of_its_weights():
+    model = fl.MLP(4, 2, 6, depth=4, leak=1.0, bias=0.0, seed=1, dtype=torch.float64)
+    X = torch.randn(9, 4, dtype=torch.float64)
+    P = torch.eye(4, dtype=torch.float64)
+    for W in model.weight_matrices():
+        P = W @ P
+    torch.testing.assert_close(model(X), X @ P.T, rtol=1e-12, atol=1e-12)
+
+
+def test_linear_tail_makes_last_layers_linear():
+    model = fl.MLP(3, 1, 5, depth=4, linear_tail=2, seed=0, dtype=torch.float64)
+    X = torch.randn(8, 3, dtype=torch.float64)
+    W1, W2, W3, W4 = model.weight_matrices()
+    h = torch.relu(X @ W1.T)
+    ref = torch.relu(h @ W2.T) @ W3.T @ W4.T  # after layer 2 ReLU, after layer 3 identity
+    torch.testing.assert_close(model(X), ref)
+
+
+def test_mlp_penalty_is_lambda_times_squared_norm_with_bias_column():
+    model = fl.MLP(3, 2, 4, depth=3, bias=1.0, seed=2, dtype=torch.float64)
+    with torch.no_grad():
+        model.weights[0][:, -1] = 0.5
+    hand = sum(float((W.detach().numpy() ** 2).sum()) for W in model.weights)
+    assert model.penalty(0.3).item() == pytest.approx(0.3 * hand, rel=1e-14)
+    assert hand > sum(float((W.detach() ** 2).sum()) for W in model.weight_matrices())
+
+
+def test_mlp_init_scales():
+    wide = fl.MLP(400, 1, 300, depth=2, init="he", seed=0)
+    assert wide.weights[0].std().item() == pytest.approx((2 / 400) ** 0.5, rel=0.02)
+    small = fl.MLP(400, 1, 300, depth=2, init="absolute", init_scale=0.01, seed=0)
+    assert small.weights[0].std().item() == pytest.approx(0.01, rel=0.02)
+
+
+def numpy_leaky_resnet(model, X):
+    """Reference Euler recursion with columns as samples: A_l = (1-ρL̃)A + ρ W [relu(A); 1]."""
+    A = model.U_in.detach().numpy() @ X.T
+    for l in range(model.depth):
+        r = float(model.rho[l])
+        S = np.vstack([np.maximum(A, 0), np.ones((1, A.shape[1]))])
+        A = (1 - r * model.effective_depth) * A + r * model.W[l].detach().numpy() @ S
+    return (model.V_out.detach().numpy() @ A).T
+
+
+@pytest.mark.parametrize("steps", ["equidistant", "irregular", "adaptive"])
+def test_leaky_resnet_forward_matches_recursion(steps):
+    model = fl.LeakyResNet(4, 3, 6, depth=9, effective_depth=3.0, steps=steps, seed=5, dtype=torch.float64)
+    X = torch.randn(10, 4, dtype=torch.float64)
+    out, reps = model(X, return_layers=True)
+    assert out.shape == (10, 3) and len(reps) == 10 and reps[0].shape == (10, 6)
+    np.testing.assert_allclose(out.detach().numpy(), numpy_leaky_resnet(model, X.numpy()), rtol=1e-12, atol=1e-12)
+
+
+def test_leaky_resnet_io_maps_are_isometries():
+    model = fl.LeakyResNet(4, 3, 8, depth=5, effective_depth=2.0, seed=0, dtype=torch.float64)
+    torch.testing.assert_close(model.U_in.T @ model.U_in, torch.eye(4, dtype=torch.float64))
+    torch.testing.assert_close(model.V_out @ model.V_out.T, torch.eye(3, dtype=torch.float64))
+
+
+def test_leaky_resnet_penalty_against_hand_computation():
+    rho = torch.tensor([0.1, 0.3, 0.2, 0.4], dtype=torch.float64)
+    model = fl.LeakyResNet(2, 2, 3, depth=4, effective_depth=1.5, steps=rho, seed=1, dtype=torch.float64)
+    W = model.W.detach().numpy()
+    hand = 0.02 / (2 * 1.5) * sum(rho[l].item() * (W[l] ** 2).sum() for l in range(4))
+    assert model.penalty(0.02).item() == pytest.approx(hand, rel=1e-13)
+    learned = fl.LeakyResNet(2, 2, 3, depth=4, effective_depth=1.5, steps=rho, io="learned", seed=1,
+                             dtype=torch.float64)
+    extra = 0.02 / 2 * 4  # ‖U‖² = d_in = 2 and ‖V‖² = d_out = 2 for isometries
+    assert learned.penalty(0.02).item() == pytest.approx(hand + extra, rel=1e-12)
+
+
+def test_identity_init_is_scaled_identity_plus_small_noise():
+    model = fl.LeakyResNet(2, 2, 50, depth=10, effective_depth=4.0, seed=0, dtype=torch.float64)
+    noise = model.W[:, :, :50] - 4.0 * torch.eye(50, dtype=torch.float64)
+    assert noise.std().item() == pytest.approx((0.01 / 51) ** 0.5, rel=0.05)
+
+
+# ------------------------------------------------------------------------- step schemes
+@pytest.mark.parametrize("L", [5, 8, 13, 50])
+def test_step_schemes_sum_to_one(L):
+    assert fl.equidistant_steps(L).sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert fl.irregular_steps(L, 0.5).sum().item() == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("L,a", [(10, 0.5), (11, 0.5), (20, 0.9)])
+def test_irregular_formula(L, a):
+    l = np.arange(1, L + 1)
+    raw = 1 / L + (a / L) * (0.25 - np.abs(l / L - 0.5))
+    expected_sum = 1.0 if L % 2 == 0 else 1 - a / (4 * L**2)
+    assert raw.sum() == pytest.approx(expected_sum, abs=1e-14)
+    np.testing.assert_allclose(fl.irregular_steps(L, a).numpy(), raw / raw.sum(), rtol=1e-14)
+    if L % 2 == 0:
+        assert fl.irregular_steps(L, a).max().item() == pytest.approx((1 + a / 4) / L, rel=1e-14)
+
+
+def test_invalid_steps_are_refused_unless_allowed():
+    with pytest.raises(fl.FeaturelabError, match="effective_depth"):
+        fl.LeakyResNet(2, 2, 4, depth=4, effective_depth=4.0)
+    fl.LeakyResNet(2, 2, 4, depth=4, effective_depth=3.6)  # equidistant: 4 > 3.6 is valid
+    with pytest.raises(fl.FeaturelabError):  # irregular(0.5) needs L > 1.125 L̃ = 4.05
+        fl.LeakyResNet(2, 2, 4, depth=4, effective_depth=3.6, steps="irregular")
+    fl.LeakyResNet(2, 2, 4, depth=4, effective_depth=4.0, allow_invalid_steps=True)
+
+
+def test_adaptive_update_fixed_point_and_hand_computation():
+    # a path with equal relative increments: A_l = 1.2^l A_0, so ‖A_l - A_{l-1}‖/‖A_l‖ = 1/6 for every l
+    A0 = torch.randn(7, 3, dtype=torch.float64)
+    reps = [A0 * 1.2**l for l in range(6)]
+    rho = torch.full((5,), 0.2, dtype=torch.float64)
+    torch.testing.assert_close(adaptive_update(rho, reps), rho, rtol=1e-13, atol=0)
+    # unequal increments against a hand computation of c̃_l = ρ_l ‖A_l‖ / ‖A_l - A_{l-1}‖
+    reps = [A0, 2 * A0, 2.5 * A0, 5 * A0]
+    rho = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    c = np.array([0.5 * 2 / 1, 0.25 * 2.5 / 0.5, 0.25 * 5 / 2.5])
+    np.testing.assert_allclose(adaptive_update(rho, reps).numpy(), c / c.sum(), rtol=1e-13)
+
+
+def test_projection_onto_bounded_simplex():
+    rho = torch.tensor([0.001, 0.5, 0.3, 0.1, 0.05, 0.049], dtype=torch.float64)
+    low, high = 0.1 / 6, 0.9 / 3
+    p = fl.project_steps(rho, low, high)
+    assert p.sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert (p >= low - 1e-15).all() and (p <= high + 1e-15).all()
+    with pytest.raises(fl.FeaturelabError):
+        fl.project_steps(rho, 0.5, 0.9)
+
+
+def test_adapt_steps_keeps_weights_and_bounds():
+    model = fl.LeakyResNet(3, 3, 6, depth=12, effective_depth=4.0, steps="adaptive", seed=0, dtype=torch.float64)
+    W = model.W.detach().clone()
+    rho = model.adapt_steps(torch.randn(20, 3, dtype=torch.float64))
+    assert torch.equal(model.W.detach(), W)
+    assert rho.sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert (rho <= 0.9 / 4.0 + 1e-15).all() and (rho >= 0.1 / 12 - 1e-15).all()
+    assert model.rho_history == [rho.tolist()]

@@ -1,0 +1,159 @@
+"""Trainer: objectives in THEORY.md Part 0's normalisation, determinism, schedules, checkpoints and
+an interrupted run resumed to the same result as an uninterrupted one."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+import featurelab as fl
+from featurelab.training import data_cost, load_model, save_model
+
+
+def small_problem(n=40):
+    data = fl.bottleneck_teacher((4, 2, 3), hidden=16, n_train=n, n_test=n, teacher_seed=0, data_seed=1)
+    return data
+
+
+def test_mse_sums_outputs_and_averages_samples():
+    out, Y = torch.randn(7, 3, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64)
+    assert data_cost("mse", out, Y).item() == pytest.approx(((out - Y) ** 2).sum().item() / 7, rel=1e-14)
+    # torch's MSELoss divides by N·d_out: ours is d_out times larger
+    assert data_cost("mse", out, Y).item() == pytest.approx(3 * F.mse_loss(out, Y).item(), rel=1e-14)
+
+
+def test_cross_entropy_and_logistic_against_hand_formulas():
+    out, y = torch.randn(6, 4, dtype=torch.float64), torch.tensor([0, 3, 1, 1, 2, 0])
+    hand = np.mean([math.log(sum(math.exp(v) for v in row)) - row[c] for row, c in zip(out.tolist(), y.tolist())])
+    assert data_cost("cross_entropy", out, y).item() == pytest.approx(hand, rel=1e-12)
+    f, s = torch.tensor([[0.3], [-2.0], [40.0]], dtype=torch.float64), torch.tensor([1.0, 1.0, -1.0])
+    hand = np.mean([math.log1p(math.exp(-m)) for m in (0.3, -2.0)] + [40.0 + math.log1p(math.exp(-40.0))])
+    assert data_cost("logistic", f, s).item() == pytest.approx(hand, rel=1e-12)
+
+
+def config(**kw):
+    base = dict(objective="mse", lam=0.01, log_every=10, phases=[
+        {"optimizer": "adam", "steps": 30, "lr": 1e-2, "schedule": "cosine", "lr_min": 1e-4},
+        {"optimizer": "sgd", "steps": 20, "lr": 1e-2, "batch_size": 16}])
+    base.update(kw)
+    return fl.TrainConfig(**base)
+
+
+def test_same_seed_gives_identical_history():
+    data = small_problem()
+    runs = [fl.train(fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=7), data, config(), progress=False).history
+            for _ in range(2)]
+    cols = [c for c in runs[0].columns if c != "seconds"]
+    pd.testing.assert_frame_equal(runs[0][cols], runs[1][cols], check_exact=True)
+    assert list(runs[0]["step"]) == [0, 10, 20, 30, 40, 50]
+
+
+def test_loss_is_cost_plus_model_penalty():
+    data = small_problem()
+    model = fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=1, dtype=torch.float64)
+    res = fl.train(model, data, config(), progress=False)
+    last = res.history.iloc[-1]
+    with torch.no_grad():
+        cost = data_cost("mse", model(data.X_train), data.Y_train).item()
+        pen = 0.01 * model.sq_norm().item()
+    assert last["cost"] == pytest.approx(cost, rel=1e-12) and last["penalty"] == pytest.approx(pen, rel=1e-12)
+    assert last["loss"] == pytest.approx(cost + pen, rel=1e-12)
+    assert res.history["loss"].iloc[-1] < res.history["loss"].iloc[0]
+
+
+def test_cosine_and_inverse_norm_schedules():
+    data = small_problem()
+    res = fl.train(fl.MLP(4, 3, 8, depth=3, seed=1), data, config(phases=[
+        {"optimizer": "adam", "steps": 40, "lr": 1e-2, "schedule": "cosine", "lr_min": 1e-4}]), progress=False)
+    lrs = res.history["lr"].iloc[1:].to_numpy()
+    k = np.array([9, 19, 29, 39])  # the lr used by the step that ends at the log step
+    np.testing.assert_allclose(lrs, 1e-4 + (1e-2 - 1e-4) * 0.5 * (1 + np.cos(np.pi * k / 40)), rtol=1e-12)
+
+    model = fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64)
+    seen = []
+    rule = fl.Phase(optimizer="sgd", steps=10, lr=0.5, schedule="inverse_norm", lr_min=0.0)
+
+    class Spy:
+        def on_step(self, step, model, optimizer, loss):
+            seen.append(float(optimizer.param_groups[0]["lr"]))
+
+    norm0 = fl.training.param_norm(model).item()
+    fl.train(model, data, fl.TrainConfig(objective="mse", phases=[rule], log_every=5), callbacks=[Spy()],
+             progress=False)
+    assert seen[0] == pytest.approx(0.5 / norm0**3, rel=1e-12)  # L = 5: lr = c/‖θ‖^{L-2}
+
+
+def test_save_and_load_model_round_trip(tmp_path):
+    model = fl.LeakyResNet(3, 2, 5, depth=6, effective_depth=2.0, steps="irregular", io="learned", seed=3)
+    save_model(model, tmp_path / "m.safetensors")
+    other = fl.LeakyResNet(3, 2, 5, depth=6, effective_depth=2.0, steps="irregular", io="learned", seed=99)
+    load_model(other, tmp_path / "m.safetensors")
+    for (k, a), (_, b) in zip(model.state_dict().items(), other.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
+class Interrupt:
+    """Simulates a kill: raises after `at` steps (after the checkpoint at that step was written)."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_step(self, step, model, optimizer, loss):
+        if step == self.at + 1:
+            raise KeyboardInterrupt
+
+
+def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path):
+    data = small_problem()
+    cfg = config(checkpoint_every=10)
+    ref = fl.train(fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=7), data, cfg, progress=False)
+    model = fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=7)
+    with pytest.raises(KeyboardInterrupt):  # killed inside the Adam phase, after the step-20 checkpoint
+        fl.train(model, data, cfg, run_dir=tmp_path, callbacks=[Interrupt(20)], progress=False)
+    assert not (tmp_path / "history.csv").exists()  # nothing that looks complete
+    fresh = fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=7)
+    res = fl.train(fresh, data, cfg, run_dir=tmp_path, resume=True, progress=False)
+    assert res.resumed_from == 20
+    for a, b in zip(ref.model.parameters(), fresh.parameters()):
+        assert torch.equal(a, b)
+    cols = [c for c in ref.history.columns if c != "seconds"]
+    pd.testing.assert_frame_equal(ref.history[cols], res.history[cols], check_exact=True)
+    # a finished run is loaded, not retrained
+    again = fl.train(fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=0), data, cfg, run_dir=tmp_path, resume=True,
+                     progress=False)
+    assert again.resumed_from == 50
+    assert all(torch.equal(a, b) for a, b in zip(again.model.parameters(), fresh.parameters()))
+
+
+def test_guard_restores_and_halves_lr_when_loss_rises():
+    """GD at lr 0.6 diverges on this linear net; the guard (Part 1 §5.2) halves lr and recovers."""
+    data = small_problem()
+
+    def run(guard):
+        model = fl.MLP(4, 3, 8, depth=2, leak=1.0, seed=1, dtype=torch.float64)
+        cfg = fl.TrainConfig(objective="mse", log_every=10, phases=[
+            {"optimizer": "sgd", "steps": 200, "lr": 0.6, "guard_window": guard}])
+        return fl.train(model, data, cfg, progress=False)
+
+    with pytest.raises(fl.FeaturelabError, match="diverged at step 10"):
+        run(0)
+    hist = run(10).history
+    assert hist["lr"].iloc[-1] <= 0.3 and np.isfinite(hist["loss"]).all()
+    assert hist["loss"].iloc[-1] < 0.2 * hist["loss"].iloc[0]
+
+
+def test_adaptive_steps_are_updated_by_the_trainer_and_frozen_at_the_end():
+    data = small_problem()
+    model = fl.LeakyResNet(4, 3, 6, depth=10, effective_depth=3.0, steps="adaptive", seed=0)
+    cfg = fl.TrainConfig(objective="mse", lam=0.01, log_every=50, phases=[
+        {"optimizer": "adam", "steps": 500, "lr": 1e-3, "adapt_every": 100}])
+    fl.train(model, data, cfg, progress=False)
+    assert len(model.rho_history) == 4  # updates at 100..400; the last 10% (450..500) is frozen
+    assert model.rho.sum().item() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_bad_train_config_is_a_one_line_error():
+    with pytest.raises(Exception, match="inverse_norm"):
+        fl.TrainConfig(phases=[{"optimizer": "adam", "steps": 1, "lr": 1.0, "schedule": "inverse_norm"}])
