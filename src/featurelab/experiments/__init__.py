@@ -10,7 +10,7 @@ from . import leaky_bottleneck
 
 # --- Part 1 experiments (issue 3) ---
 # --- Part 2 experiments (issue 4) ---
-from . import bn_rank_depth
+from . import bn_rank_depth, symmetry_learning
 # --- Part 3 experiments (issue 5) ---
 # --- Part 4 experiments (issue 6) ---
 from . import escape_circle, saddle_digits
@@ -23,6 +23,7 @@ EXPERIMENTS: list[Experiment] = [
     # --- Part 1 (issue 3) ---
     # --- Part 2 (issue 4) ---
     bn_rank_depth.EXPERIMENT,
+    symmetry_learning.EXPERIMENT,
     # --- Part 3 (issue 5) ---
     # --- Part 4 (issue 6) ---
     escape_circle.EXPERIMENT,

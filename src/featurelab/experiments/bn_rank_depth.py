@@ -93,7 +93,7 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
     data = make_data(cfg)
     X, Y = data.X_train, data.Y_train
     with torch.no_grad():
-        m64 = MLP(cfg.d, cfg.d, cfg.width, unit["depth"], bias=1.0, dtype=torch.float64)
+        m64 = MLP(cfg.d, cfg.d, cfg.width, unit["depth"], bias=1.0, dtype=torch.float64).requires_grad_(False)
         for P, W in zip(m64.weights, model.weights):
             P.copy_(W.detach().double())
         rel_train = float(((m64(X) - Y) ** 2).sum(1).mean() / (Y**2).sum(1).mean())

@@ -80,6 +80,11 @@ def middle_half(L: int) -> list[int]:
     return [l for l in range(1, L + 1) if L / 4 < l <= 3 * L / 4]
 
 
+def mid_half_share(ranks: list[int], k: int) -> float:
+    """Share of the middle-half layers whose effective rank is k* or k*+1 (Part 1 §5.4 Q4); ranks[l-1] is W_l's."""
+    return float(np.mean([ranks[l - 1] in (k, k + 1) for l in middle_half(len(ranks))]))
+
+
 def make_data(cfg: Config):
     return bottleneck_teacher(tuple(cfg.teacher_dims), cfg.teacher_kind, cfg.teacher_hidden, cfg.n_train,
                               cfg.n_test, teacher_seed=cfg.seed, data_seed=cfg.seed + 1)
@@ -122,7 +127,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     k = bottleneck_rank(cfg)
     ranks = res["effective_ranks"]
     mid = middle_half(cfg.depth)
-    share = float(np.mean([ranks[l - 1] in (k, k + 1) for l in mid]))
+    share = mid_half_share(ranks, k)
     claims = [claim(f"in the middle half of the layers, >= 75% have effective rank #{{s_i >= 0.1 s_1}} of W_l "
                     f"in {{k*, k*+1}} = {{{k}, {k + 1}}}", "THEORY.md Part 1 §5.4 Q4; Jacot & Kaiser Fig. 1",
                     ">= 0.75", share, share >= 0.75)]

@@ -1,0 +1,211 @@
+"""`symmetry-learning`: an L2-regularized MLP learns the symmetries of gradient descent (THEORY.md Part 2
+§4b; Jacot, NeurIPS 2023, Sec. 5 and Fig. 2).
+
+Input: a starting point w₀ of GD on C(w) = ‖wwᵀ − uuᵀ − E‖²_F; target: its loss curve C(w_1..w_T).
+Without E the curve depends on (|m₀|, r₀) only (m = uᵀw, r = ‖w − mu‖), a BN-rank-2 function. The
+trained net should carry a 2-D bottleneck that encodes (|m|, r), forgets the sign of m, and is
+invariant to the orthogonal maps fixing ±u.
+
+quick: d = 10, T = 10, η = 0.05, ε = 0.01, N = 512, L = 8, width 64, λ = 3e-3, Adam 8000 steps (cosine).
+paper (ours): d = 50, T = 20, N = 4000, L ∈ {8, 12, 16}, width 128, λ ∈ {1e-3, 3e-3}, 20k steps.
+Claims (checks 1-3 of §4b) at the hidden layer ℓ* minimising s₃/s₁ of the centred pre-activations on
+test inputs, Z = its top-2 principal coordinates: (1) s₃/s₁ < 0.05 and s₂/s₁ > 0.05; (2) cubic-
+polynomial R²: Z→|m| >= 0.95, Z→r >= 0.9, (|m|, r)→Z >= 0.95, Z→signed m < 0.1; (3) relative change of
+α̃_ℓ* under maps fixing ±u < 0.05, under a random orthogonal map > 0.5. Check 4 (GD paths follow a map
+Z_t ↦ Z_{t+1}, R² >= 0.9) is uncalibrated and only reported.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from pydantic import Field
+from sklearn.linear_model import LinearRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import PolynomialFeatures
+
+from ..config import ExperimentConfig
+from ..data.bn_tasks import symmetry_gd, symmetry_task
+from ..measurements.bottleneck import middle_layers, representation_spectra
+from ..models import MLP
+from ..runs.claims import claim
+from ..runs.figures import plt
+from ..training import Phase, TrainConfig
+from .base import Analysis, Experiment, TrainingUnit
+
+
+class Config(ExperimentConfig):
+    d: int = Field(10, ge=3)
+    T: int = Field(10, ge=1)
+    eta: float = Field(0.05, gt=0)
+    eps: float = Field(0.01, ge=0)
+    n_train: int = Field(512, ge=2)
+    n_test: int = Field(512, ge=16)
+    width: int = Field(64, ge=3)
+    depths: list[int] = Field([8], min_length=1)
+    lams: list[float] = Field([3e-3], min_length=1)
+    steps: int = Field(8000, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    lr_min: float = Field(3e-6, ge=0)
+    n_paths: int = Field(12, ge=1)
+    path_steps: int = Field(40, ge=1)
+    n_symmetries: int = Field(3, ge=1)
+    log_every: int = Field(500, ge=1)
+    checkpoint_every: int = Field(2000, ge=0)
+
+
+PRESETS = {
+    "quick": {},
+    "paper": {"d": 50, "T": 20, "n_train": 4000, "n_test": 1000, "width": 128, "depths": [8, 12, 16],
+              "lams": [1e-3, 3e-3], "steps": 20000, "log_every": 1000, "checkpoint_every": 5000},
+}
+
+
+def make_data(cfg: Config):
+    return symmetry_task(cfg.d, cfg.T, cfg.eta, cfg.eps, cfg.n_train, cfg.n_test, task_seed=cfg.seed,
+                         data_seed=cfg.seed + 1)
+
+
+def units(cfg: Config) -> list[dict]:
+    return [{"id": f"L{L}-lam{lam:g}", "depth": L, "lam": lam} for L in cfg.depths for lam in cfg.lams]
+
+
+def build(cfg: Config, unit: dict) -> TrainingUnit:
+    data = make_data(cfg)
+    model = MLP(cfg.d, cfg.T, cfg.width, unit["depth"], bias=1.0, seed=cfg.seed + 2)
+    config = TrainConfig(objective="mse", lam=unit["lam"], log_every=cfg.log_every,
+                         checkpoint_every=cfg.checkpoint_every, top_singular_values=3,
+                         phases=[Phase(optimizer="adam", steps=cfg.steps, lr=cfg.lr, schedule="cosine",
+                                       lr_min=cfg.lr_min)])
+    return TrainingUnit(model, data, config)
+
+
+def cubic_r2(A: np.ndarray, B: np.ndarray) -> float:
+    """R² (uniform average over B's columns) of a cubic polynomial regression A -> B (rows are samples)."""
+    A, B = A.reshape(len(A), -1), B.reshape(len(B), -1)
+    reg = make_pipeline(PolynomialFeatures(3), LinearRegression()).fit(A, B)
+    return float(reg.score(A, B))
+
+
+def _orthogonal(rng: np.random.Generator, n: int) -> np.ndarray:
+    q, r = np.linalg.qr(rng.normal(size=(n, n)))
+    return q * np.sign(np.diag(r))
+
+
+def _fixing_u(rng: np.random.Generator, u: np.ndarray) -> np.ndarray:
+    """A random orthogonal Q with Qu = u (a rotation or reflection of u^⊥)."""
+    d = u.size
+    basis, _ = np.linalg.qr(np.column_stack([u, rng.normal(size=(d, d - 1))]))
+    B = basis[:, 1:]
+    return np.outer(u, u) + B @ _orthogonal(rng, d - 1) @ B.T
+
+
+def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
+    data = make_data(cfg)
+    u, E = np.array(data.meta["u"]), np.array(data.meta["E"])
+    m64 = MLP(cfg.d, cfg.T, cfg.width, unit["depth"], bias=1.0, dtype=torch.float64).requires_grad_(False)
+    with torch.no_grad():
+        for P, W in zip(m64.weights, model.cpu().weights):
+            P.copy_(W.detach().double())
+        X, Y = data.X_test, data.Y_test
+        rel_test = float(((m64(X) - Y) ** 2).sum(1).mean() / ((Y - Y.mean(0)) ** 2).sum(1).mean())
+        rel_train = float(((m64(data.X_train) - data.Y_train) ** 2).sum(1).mean()
+                          / ((data.Y_train - data.Y_train.mean(0)) ** 2).sum(1).mean())
+    spectra = representation_spectra(m64, X)
+    hidden = [l for l in middle_layers(m64.depth) if l < m64.depth]
+    ratio3 = {l: float(spectra[l - 1][2] / spectra[l - 1][0]) for l in hidden}
+    l_star = min(ratio3, key=ratio3.get)
+
+    def pre(Xn: np.ndarray | torch.Tensor) -> np.ndarray:
+        with torch.no_grad():
+            return m64(torch.as_tensor(Xn, dtype=torch.float64), return_layers=True).pre[l_star - 1].numpy()
+
+    A = pre(X)
+    mean = A.mean(0)
+    _, _, Vt = np.linalg.svd(A - mean, full_matrices=False)
+    to_z = lambda Am: (Am - mean) @ Vt[:2].T
+    Z = to_z(A)
+    Xn = X.numpy()
+    m = Xn @ u
+    r = np.linalg.norm(Xn - np.outer(m, u), axis=1)
+    r2 = {"|m|": cubic_r2(Z, np.abs(m)), "r": cubic_r2(Z, r), "reverse": cubic_r2(np.column_stack([np.abs(m), r]), Z),
+          "signed m": cubic_r2(Z, m)}
+
+    rng = np.random.default_rng(cfg.seed + 7)
+    scale = np.linalg.norm(A - mean)
+    change = lambda Q: float(np.linalg.norm(pre(Xn @ Q.T) - A) / scale)
+    sym = [change(_fixing_u(rng, u)) for _ in range(cfg.n_symmetries)] + [change(np.eye(cfg.d) - 2 * np.outer(u, u))]
+    control = change(_orthogonal(rng, cfg.d))
+
+    W0 = X[: cfg.n_paths]
+    traj, _ = symmetry_gd(W0, torch.from_numpy(u), torch.from_numpy(E), cfg.eta, cfg.path_steps)
+    paths = np.stack([to_z(pre(traj[:, t])) for t in range(cfg.path_steps + 1)], 1)  # n_paths x (t+1) x 2
+    r2_flow = cubic_r2(paths[:, :-1].reshape(-1, 2), paths[:, 1:].reshape(-1, 2))
+    s = spectra[l_star - 1]
+    return {"depth": unit["depth"], "lam": unit["lam"], "rel_test_mse": rel_test, "rel_train_mse": rel_train,
+            "l_star": l_star, "s_ratios": [float(s[1] / s[0]), float(s[2] / s[0])], "bottleneck_sv": s[:4].tolist(),
+            "r2": r2, "symmetry_change": sym, "control_change": control, "flow_r2": r2_flow,
+            "Z": Z.tolist(), "abs_m": np.abs(m).tolist(), "r": r.tolist(), "paths": paths.tolist(),
+            "spectra": [(sp[:12] / sp[0]).tolist() for sp in spectra], "sq_norm": float(m64.sq_norm()),
+            "train_seconds": result.seconds}
+
+
+def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
+    ref = "THEORY.md Part 2 §4b; Jacot 2023 Sec. 5, Fig. 2"
+    claims, rows, figures = [], [], {}
+    for uid, res in sorted(results.items()):
+        s2, s3 = res["s_ratios"]
+        r2 = res["r2"]
+        tag = f"[{uid}, ℓ*={res['l_star']}]"
+        claims += [
+            claim(f"{tag} check 1: a 2-D bottleneck, s₃/s₁ < 0.05 and s₂/s₁ > 0.05 (centred α̃_ℓ* on test inputs)",
+                  ref, "s₂/s₁ > 0.05, s₃/s₁ < 0.05", {"s2/s1": s2, "s3/s1": s3}, s3 < 0.05 and s2 > 0.05),
+            claim(f"{tag} check 2: cubic R² of Z→|m| >= 0.95, Z→r >= 0.9, (|m|,r)→Z >= 0.95", ref,
+                  "0.95, 0.9, 0.95", {k: r2[k] for k in ("|m|", "r", "reverse")},
+                  r2["|m|"] >= 0.95 and r2["r"] >= 0.9 and r2["reverse"] >= 0.95),
+            claim(f"{tag} check 2: the sign of m is forgotten, cubic R² of Z→signed m < 0.1", ref, "< 0.1",
+                  r2["signed m"], r2["signed m"] < 0.1),
+            claim(f"{tag} check 3: relative change of α̃_ℓ* under maps fixing ±u < 0.05, random orthogonal > 0.5",
+                  ref, "max < 0.05; control > 0.5", {"max symmetric": max(res["symmetry_change"]),
+                                                     "control": res["control_change"]},
+                  max(res["symmetry_change"]) < 0.05 and res["control_change"] > 0.5)]
+        rows.append({"unit": uid, "depth": res["depth"], "lam": res["lam"], "rel_train_mse": res["rel_train_mse"],
+                     "rel_test_mse": res["rel_test_mse"], "l_star": res["l_star"], "s2/s1": s2, "s3/s1": s3,
+                     **{f"R2 {k}": v for k, v in r2.items()}, "max_symmetric_change": max(res["symmetry_change"]),
+                     "control_change": res["control_change"], "flow_R2 (check 4, uncalibrated)": res["flow_r2"],
+                     "sq_norm": res["sq_norm"]})
+
+        Z, P = np.array(res["Z"]), np.array(res["paths"])
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+        for ax, key, label in ((axes[0], "abs_m", "|m| = |uᵀw₀|"), (axes[1], "r", "r = ‖w₀ − mu‖")):
+            sc = ax.scatter(Z[:, 0], Z[:, 1], c=res[key], s=6, cmap="viridis")
+            for path in P:
+                ax.plot(path[:, 0], path[:, 1], color="crimson", lw=0.8)
+                ax.plot(path[0, 0], path[0, 1], "o", color="crimson", ms=3)
+            fig.colorbar(sc, ax=ax, label=label)
+            ax.set_xlabel("Z₁")
+            ax.set_ylabel("Z₂")
+        fig.suptitle(f"{uid}: bottleneck representation (layer {res['l_star']}) with GD paths (t <= {cfg.path_steps})")
+        figures[f"bottleneck_{uid}"] = fig
+
+        S = np.array([sp + [np.nan] * (12 - len(sp)) for sp in res["spectra"]])
+        fig2, ax2 = plt.subplots(figsize=(6.5, 4))
+        im = ax2.imshow(np.log10(np.clip(S.T, 1e-8, None)), aspect="auto", origin="lower", cmap="magma",
+                        extent=(0.5, len(S) + 0.5, 0.5, S.shape[1] + 0.5))
+        fig2.colorbar(im, ax=ax2, label="log10 s_i / s_1")
+        ax2.set_xlabel("layer ℓ")
+        ax2.set_ylabel("index i")
+        ax2.set_title(f"{uid}: singular values of centred α̃_ℓ(X_test)")
+        figures[f"spectra_{uid}"] = fig2
+    table = pd.DataFrame(rows)
+    notes = ["R² are in-sample on the test inputs (cubic polynomial regression, scikit-learn). Relative changes "
+             "are ‖α̃(XQᵀ) − α̃(X)‖_F / ‖α̃(X) − mean‖_F. Check 4 (flow R²) is uncalibrated and not a claim."]
+    return Analysis(claims, figures, {"checks": table}, table.to_dict("records"), notes)
+
+
+EXPERIMENT = Experiment(
+    name="symmetry-learning",
+    summary="An MLP trained on GD loss curves learns a 2-D bottleneck that encodes the curve's invariants (|m|, r) "
+            "and forgets the symmetries of the dynamics.",
+    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023), Sec. 5, Fig. 2; THEORY.md Part 2 §4b",
+    config=Config, presets=PRESETS, units=units, build=build, finish=finish, analyze=analyze)
