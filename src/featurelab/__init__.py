@@ -48,6 +48,20 @@ __all__ += ["bn_rank_two_task", "symmetry_gd", "symmetry_summary", "symmetry_tas
             "balanced_factorization", "estimate_representation_cost", "linear_expansion",
             "linear_representation_cost", "log_pdet", "pdet", "pseudo_log"]
 # --- Part 3: attraction/repulsion, sparsity (issue 5) ---
+from .data.constructions import (Construction, adjacency_matrix, bipartite, complete_bipartite_edges, cycle_edges,
+                                 incidence_matrix, is_triangle_free, oned, onehot_identity, path_edges)
+from .measurements.representations import (CovariancePair, LayerForces, RepresentationLoss, covariance_pairs,
+                                           layer_forces, principal_view, project_representations, projected_gd_step,
+                                           regularized_loss, representation_loss, tikhonov_loss,
+                                           weights_from_representations)
+from .measurements.sparsity import (caratheodory_reduce, merge_aligned_neurons, mlp_with_weights, pad_width,
+                                    pattern_merge)
+__all__ += ["Construction", "adjacency_matrix", "bipartite", "complete_bipartite_edges", "cycle_edges",
+            "incidence_matrix", "is_triangle_free", "oned", "onehot_identity", "path_edges",
+            "CovariancePair", "LayerForces", "RepresentationLoss", "covariance_pairs", "layer_forces",
+            "principal_view", "project_representations", "projected_gd_step", "regularized_loss",
+            "representation_loss", "tikhonov_loss", "weights_from_representations",
+            "caratheodory_reduce", "merge_aligned_neurons", "mlp_with_weights", "pad_width", "pattern_merge"]
 # --- Part 4: saddle-to-saddle, escape directions (issue 6) ---
 from .data.circle import circle_dataset
 from .measurements.escape import (EscapeSearch, blowup_time, eig_residual, escape_norm, escape_speed, escape_time,

@@ -1,4 +1,4 @@
-"""The ``featurelab`` command line: list, run, report.
+"""The ``featurelab`` command line: list, run, bench, report.
 
 A user's mistake (bad key, value, path, device) prints one line ``featurelab: error: ...`` and exits
 with status 2; never a stack trace.
@@ -26,13 +26,23 @@ def _cmd_run(args) -> int:
     record = run_experiment(args.experiment, preset=args.preset, overrides=parse_overrides(args.set or []),
                             out=args.out, device=args.device, seed=args.seed, resume=args.resume,
                             workers=args.workers, threads=args.threads,
-                            progress=None if not args.quiet else False)
+                            progress=None if not args.quiet else False, batch=not args.no_batch,
+                            backend=args.backend, address=args.address, retries=args.retries)
     n_pass = sum(c["passed"] for c in record.claims)
     for c in record.claims:
         print(f"  [{'PASS' if c['passed'] else 'FAIL'}] {c['statement']}  (measured {c['measured']}, "
               f"expected {c['expected']})")
     print(f"claims: {n_pass}/{len(record.claims)} pass")
     print(f"report: {record.report.resolve()}")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from .bench import run_bench
+
+    run_bench(only=args.only.split(",") if args.only else None,
+              experiments=args.experiments.split(",") if args.experiments else None,
+              out=args.out, device=args.device)
     return 0
 
 
@@ -59,7 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=None, help="worker processes for sweeps (default: cores)")
     r.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--no-batch", action="store_true", help="train same-shape runs one by one, not as ensembles")
+    r.add_argument("--backend", default="local", help="local (worker processes, default) or ray")
+    r.add_argument("--address", default=None, help="Ray cluster HOST:PORT (default: RAY_ADDRESS)")
+    r.add_argument("--retries", type=int, default=2, help="Ray: re-runs of a task whose worker died (default 2)")
     r.set_defaults(func=_cmd_run)
+    b = sub.add_parser("bench", help="measure speed: matmul peak, batched ensembles, diagnostics, quick presets")
+    b.add_argument("--only", default=None, help="comma-separated figures among a,b,c,d,e (default all)")
+    b.add_argument("--experiments", default=None, help="comma-separated experiments for (e) (default all)")
+    b.add_argument("--out", default="bench.json", help="JSON file for the results (default bench.json)")
+    b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    b.set_defaults(func=_cmd_bench)
     rep = sub.add_parser("report", help="rebuild report.html of a finished run folder")
     rep.add_argument("run_dir")
     rep.set_defaults(func=_cmd_report)

@@ -9,6 +9,7 @@ from ..errors import FeaturelabError
 from . import leaky_bottleneck
 
 # --- Part 1 experiments (issue 3) ---
+from . import leaky_discretization, leaky_hamiltonian
 # --- Part 2 experiments (issue 4) ---
 from . import bn_rank_depth, symmetry_learning
 # --- Part 3 experiments (issue 5) ---
@@ -21,6 +22,8 @@ EXPERIMENTS: list[Experiment] = [
     leaky_bottleneck.EXPERIMENT,
     # each part appends its experiments below its own marker
     # --- Part 1 (issue 3) ---
+    leaky_hamiltonian.EXPERIMENT,
+    leaky_discretization.EXPERIMENT,
     # --- Part 2 (issue 4) ---
     bn_rank_depth.EXPERIMENT,
     symmetry_learning.EXPERIMENT,

@@ -97,7 +97,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     k_dist = abs(phi[i_max] / (np.pi / 4) - round(phi[i_max] / (np.pi / 4)))
     claims.append(claim("the rank-one speed curve S(φ) peaks at √2-1 at φ = kπ/4 (Eq. 6)", REF,
                         f"max S = {RANK_ONE_SPEED:.8f} at φ/(π/4) integer",
-                        {"max_S": float(S[i_max]), "argmax φ/(π/4)": phi[i_max] / (np.pi / 4)},
+                        f"max S = {S[i_max]:.12f} at φ/(π/4) = {phi[i_max] / (np.pi / 4):.12f}",
                         abs(S[i_max] - RANK_ONE_SPEED) < 1e-9 and k_dist < 1e-9, "1e-9"))
     if cfg.n_points == 8:
         gap = float(np.abs(S - eq6_curve(phi)).max())
@@ -106,8 +106,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     r1 = {u: r for u, r in results.items() if u.startswith("rank1-")}
     if r1:
         best_r1 = max(max(r["speeds"]) for r in r1.values())
-        claims.append(claim("rank-one search (A2) tops out at √2-1", f"{REF}; A2", f"{RANK_ONE_SPEED:.8f}",
-                            best_r1, abs(best_r1 - RANK_ONE_SPEED) <= 1e-6, "1e-6"))
+        claims.append(claim("rank-one search (A2) tops out at √2-1", f"{REF}; A2", f"{RANK_ONE_SPEED:.10f}",
+                            f"{best_r1:.10f}", abs(best_r1 - RANK_ONE_SPEED) <= 1e-6, "1e-6"))
 
     pgd = sorted(((r, int(u.split("-w")[1])) for u, r in results.items() if u.startswith("pgd-")),
                  key=lambda t: t[1])
@@ -130,7 +130,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         all_s = np.concatenate([r["speeds"] for r, _ in pgd])
         best = float(all_s.max())
         claims.append(claim("the best speed found by projected GD is 1/2 (Example 1's rank-two optimum), and no run "
-                            "exceeds it", f"{REF}; A1", "0.5 ± 1e-3, max <= 0.5 + 1e-6", best,
+                            "exceeds it", f"{REF}; A1", "0.5 ± 1e-3, max <= 0.5 + 1e-6", f"{best:.10f}",
                             abs(best - 0.5) <= 1e-3 and best <= 0.5 + 1e-6, "1e-3 / 1e-6"))
         frac = dict(zip(table["width"], table["success_fraction"]))
         wide = {w: f for w, f in frac.items() if w >= 64}

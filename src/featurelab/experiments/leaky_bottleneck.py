@@ -50,13 +50,16 @@ class Config(ExperimentConfig):
     @model_validator(mode="after")
     def _valid_steps(self):
         """ρ_l·L̃ < 1 for the chosen scheme (Part 1 §2): checked here, before any training."""
-        Lt = self.effective_depth
-        ok = {"equidistant": self.depth > Lt, "irregular": self.depth > (1 + 0.5 / 4) * Lt,
-              "adaptive": self.depth >= Lt / 0.9}[self.steps]
-        if not ok:
-            raise ValueError(f"depth={self.depth} is too small for effective_depth={Lt:g} with {self.steps} steps "
-                             "(Part 1 §2 needs rho_l·effective_depth < 1): raise depth or lower effective_depth")
+        check_depth(self.depth, self.effective_depth, self.steps)
         return self
+
+
+def check_depth(depth: int, Lt: float, steps: str) -> None:
+    """Raise ValueError unless `steps` with `depth` steps keeps ρ_l·L̃ < 1 at effective depth Lt (Part 1 §2)."""
+    ok = {"equidistant": depth > Lt, "irregular": depth > (1 + 0.5 / 4) * Lt, "adaptive": depth >= Lt / 0.9}[steps]
+    if not ok:
+        raise ValueError(f"depth={depth} is too small for effective_depth={Lt:g} with {steps} steps "
+                         "(Part 1 §2 needs rho_l·effective_depth < 1): raise depth or lower effective_depth")
 
 
 PRESETS = {

@@ -70,13 +70,17 @@ def pseudo_log(P, tol: float = 1e-10) -> torch.Tensor:
     return (V * logs) @ V.T
 
 
-def linear_representation_cost(A, L: int) -> float:
+def linear_representation_cost(A, L: int, tol: float = 1e-10) -> float:
     """R(A; L) = L Σ_i s_i(A)^{2/L} = L‖A‖_{2/L}^{2/L}: the minimal ‖θ‖² of a depth-L bias-free linear
-    network computing A (THEORY.md Part 2 §2.2; exact for every L >= 1). A: ``d_out x d_in``."""
+    network computing A (THEORY.md Part 2 §2.2; exact for every L >= 1). A: ``d_out x d_in``.
+
+    Singular values <= tol·s_1 count as zero: rounding leaves ~1e-16 where A has none, and s^{2/L} of
+    that is not small at large L (1e-16^{2/7} ≈ 3e-5)."""
     A = as_matrix("A", A)
     int_at_least("L", L, 1)
+    non_negative("tol", tol)
     s = singular_values(A)
-    s = s[s > 0]
+    s = s[s > tol * s[0]] if s.numel() else s
     return float(L * (s ** (2.0 / L)).sum())
 
 

@@ -1,0 +1,300 @@
+"""`saddle-digits` and `saddle-mnist`: saddle-to-saddle training of a deep bias-free ReLU MLP from small
+initialization (THEORY.md Part 4 §6, A3, A4; Bantzis, Simon, Jacot Fig. 1 and App. B Figs. 3-4).
+
+Minibatch SGD with ``lr_t = max(c/‖θ_t‖^{L-2}, lr_min)`` on mean cross-entropy from init std σ_0. The
+full-train loss sits at ln 10 (the origin saddle), escapes along a nearly rank-one direction to a second
+plateau, then escapes again. Each unit is one seed; every `log_every` steps the history gets r_W(ℓ)
+(column ``rW{ℓ}``), the speed of θ_t on the √L-sphere with G = ∇C(0) of the full train set (column
+``speed``) and the top-10 singular values of every layer (``sv{ℓ}_{i}``).
+
+saddle-digits quick (Part 4 §6 `digits_quick`, 3 seeds, ≈30 s per seed on one thread): scikit-learn
+digits (all 1797, standardized), 64→64×5→10, σ_0 = 0.01, batch 128, 60k steps, c = 20, floor 0.05.
+saddle-digits paper: the same with 5 seeds. saddle-mnist paper (`mnist_paper`): MNIST from local IDX files,
+784→1000×5→10, σ_0 = 1e-3, batch 32, 1000 epochs, c = 10, no floor (a GPU job); its quick preset (ours,
+unverified) trains 784→256×5→10 on a 10k subset.
+Claims (Part 4 §7, each in at least 2/3 of the seeds): a ln 10 plateau first, a second plateau, the deep
+layers nearly rank one at its midpoint and more so than layer 1, a low final loss, and a second
+singular value grown in layers 3-5 at the end.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+from pydantic import Field
+
+from ..config import ExperimentConfig
+from ..data import digits, mnist
+from ..data.dataset import Dataset
+from ..measurements.escape import forward, tail_ratio
+from ..models import MLP
+from ..runs.claims import claim
+from ..runs.figures import plt
+from ..training import Phase, TrainConfig, train
+from ..training.plateaus import detect_plateaus, smooth
+from .base import Analysis, Experiment
+
+REF = "THEORY.md Part 4 §6-§7; Bantzis, Simon, Jacot Fig. 1, App. B Figs. 3-4"
+
+
+class Config(ExperimentConfig):
+    dataset: str = Field("digits", pattern="^(digits|mnist)$")
+    mnist_path: str | None = None
+    n_train: int | None = Field(None, ge=10)
+    depth: int = Field(6, ge=2)
+    width: int = Field(64, ge=1)
+    init_std: float = Field(0.01, gt=0)
+    batch_size: int = Field(128, ge=1)
+    steps: int = Field(60000, ge=1)
+    lr_c: float = Field(20.0, gt=0)
+    lr_min: float = Field(0.05, ge=0)
+    log_every: int = Field(250, ge=1)
+    checkpoint_every: int = Field(10000, ge=0)
+    seeds: int = Field(3, ge=1)
+    dtype: str = Field("float32", pattern="^(float32|float64)$")
+    plateau_min_steps: int = Field(3000, ge=1)
+    claim_min_steps: int = Field(5000, ge=1)
+    second_level: list[float] = Field([1.6, 2.1], min_length=2, max_length=2)
+    final_loss_max: float = Field(0.05, gt=0)
+
+
+class MnistConfig(Config):
+    dataset: str = Field("mnist", pattern="^(digits|mnist)$")
+
+
+DIGITS_PRESETS = {
+    "quick": {},
+    "tiny": {"steps": 3000, "seeds": 1, "log_every": 100, "plateau_min_steps": 500, "claim_min_steps": 500},
+    "paper": {"seeds": 5},
+}
+MNIST_PRESETS = {
+    "quick": {"dataset": "mnist", "n_train": 10000, "width": 256, "init_std": 1e-3, "batch_size": 32,
+              "steps": 60000, "lr_c": 10.0, "lr_min": 0.05, "log_every": 250, "seeds": 1,
+              "second_level": [0.3, 2.25]},
+    "paper": {"dataset": "mnist", "width": 1000, "init_std": 1e-3, "batch_size": 32, "steps": 1_875_000,
+              "lr_c": 10.0, "lr_min": 0.0, "log_every": 500, "checkpoint_every": 25000, "seeds": 1,
+              "plateau_min_steps": 3750, "claim_min_steps": 20000, "second_level": [0.3, 2.25]},
+    "depth4": {"dataset": "mnist", "depth": 4, "width": 1000, "init_std": 1e-3, "batch_size": 32,
+               "steps": 1_875_000, "lr_c": 10.0, "lr_min": 0.0, "log_every": 500, "checkpoint_every": 25000,
+               "seeds": 1, "plateau_min_steps": 3750, "claim_min_steps": 20000, "second_level": [0.3, 2.25]},
+}
+
+
+def cross_entropy_gradient(Y: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """G = ∇C(0) of mean K-class cross-entropy, ``N x K`` (rows are samples): ``(1/K - onehot(y))/N``
+    (THEORY.md Part 4 §2, transposed). Y: ``N`` int64 labels."""
+    onehot = torch.nn.functional.one_hot(Y, n_classes).to(torch.float64)
+    return (1.0 / n_classes - onehot) / len(Y)
+
+
+class SaddleLog:
+    """`train` callback adding r_W(ℓ) (``rW{ℓ}``) and speed(θ_t) (``speed``, G = ∇C(0)) to each history row."""
+
+    def __init__(self, X: torch.Tensor, G: torch.Tensor):
+        self.X, self.G = X, G
+
+    def on_log(self, step, model, row):
+        Ws = [W.detach().double().cpu() for W in model.weight_matrices()]
+        for l, W in enumerate(Ws, start=1):
+            row[f"rW{l}"] = tail_ratio(W)
+        L = len(Ws)
+        sq = float(sum((W**2).sum() for W in Ws))
+        l0 = float((self.G * forward(Ws, self.X)[0][-1]).sum())
+        row["speed"] = -(L ** (L / 2)) * l0 / sq ** (L / 2) if sq > 0 else float("nan")
+
+
+def make_data(cfg: Config) -> Dataset:
+    if cfg.dataset == "digits":
+        data = digits(n_train=None, normalize="standardize")
+    else:
+        data = mnist(cfg.mnist_path, normalize="standardize")
+    if cfg.n_train is not None and cfg.n_train < len(data.X_train):
+        idx = torch.randperm(len(data.X_train), generator=torch.Generator().manual_seed(cfg.seed))[:cfg.n_train]
+        data = Dataset(data.X_train[idx], data.Y_train[idx], data.X_test[:0], data.Y_test[:0], data.n_classes,
+                       data.meta | {"n_train": cfg.n_train})
+    return data
+
+
+def units(cfg: Config) -> list[dict]:
+    return [{"id": f"seed{cfg.seed + i}", "seed": cfg.seed + i} for i in range(cfg.seeds)]
+
+
+def run_unit(cfg: Config, unit: dict, ctx) -> dict:
+    data = make_data(cfg)
+    model = MLP(data.d_in, data.n_classes, cfg.width, cfg.depth, bias=0.0, init="absolute",
+                init_scale=cfg.init_std, seed=unit["seed"], dtype=getattr(torch, cfg.dtype))
+    config = TrainConfig(objective="cross_entropy", phases=[Phase(
+        optimizer="sgd", steps=cfg.steps, lr=cfg.lr_c, schedule="inverse_norm", lr_min=cfg.lr_min,
+        batch_size=cfg.batch_size)], log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every,
+        top_singular_values=10, seed=unit["seed"])
+    G = cross_entropy_gradient(data.Y_train, data.n_classes)
+    result = train(model, data, config, device=ctx.device, run_dir=ctx.dir, resume=ctx.resume,
+                   callbacks=[SaddleLog(data.X_train.double(), G)], progress=ctx.progress)
+    return summarize(cfg, result.history)
+
+
+def _row_at(hist: pd.DataFrame, step: int) -> pd.Series:
+    return hist.iloc[int(np.argmin(np.abs(hist["step"].to_numpy() - step)))]
+
+
+def _s2_s1(row: pd.Series, l: int) -> float:
+    s1, s2 = row.get(f"sv{l}_1", np.nan), row.get(f"sv{l}_2", np.nan)
+    return float(s2 / s1) if s1 and s1 > 0 else float("nan")
+
+
+def summarize(cfg: Config, hist: pd.DataFrame) -> dict:
+    """Plateaus (A4) of one run's history, with r_W and s2/s1 of every layer at each plateau midpoint."""
+    L = cfg.depth
+    plateaus = []
+    for p in detect_plateaus(hist["step"], hist["loss"], min_length=cfg.plateau_min_steps):
+        row = _row_at(hist, p.mid)
+        plateaus.append({"start": p.start, "end": p.end, "mid": p.mid, "length": p.length, "level": p.level,
+                         "escape": p.escape, "speed": float(row.get("speed", np.nan)),
+                         "r_W": [float(row[f"rW{l}"]) for l in range(1, L + 1)],
+                         "s2_s1": [_s2_s1(row, l) for l in range(1, L + 1)]})
+    last = hist.iloc[-1]
+    return {"plateaus": plateaus, "final_loss": float(last["loss"]), "final_error": float(last["train_error"]),
+            "final_s2_s1": [_s2_s1(last, l) for l in range(1, L + 1)],
+            "final_r_W": [float(last[f"rW{l}"]) for l in range(1, L + 1)]}
+
+
+def seed_checks(cfg: Config, res: dict) -> dict:
+    """The per-seed checks of THEORY.md Part 4 §7 ('digits quick')."""
+    L, lo, hi = cfg.depth, *cfg.second_level
+    ps = res["plateaus"]
+    first = ps[0] if ps else None
+    saddles = [p for p in ps if p["escape"] is not None]
+    first_ok = bool(first and abs(first["level"] - math.log(10)) < 0.01 and first["length"] >= cfg.claim_min_steps)
+    second = next((p for p in ps[1:] if lo <= p["level"] <= hi and p["length"] >= cfg.claim_min_steps), None)
+    deep = list(range(max(2, L - 2), L + 1))  # layers 4..6 for L = 6
+    rw = second["r_W"] if second else [float("nan")] * L
+    deep_max = max(rw[l - 1] for l in deep)
+    mid = list(range(3, L)) if L >= 4 else [L]  # layers 3..5 for L = 6
+    return {
+        "saddles": len(saddles), "first_level": first["level"] if first else float("nan"),
+        "first_length": first["length"] if first else 0,
+        "two_plateaus_first_ln10": first_ok and len(saddles) >= 2,
+        "second_level": second["level"] if second else float("nan"),
+        "second_length": second["length"] if second else 0,
+        "second_plateau": second is not None,
+        "r_W_second": rw,
+        "deep_rank_one": bool(second) and all(rw[l - 1] <= 0.1 for l in deep[:-1]) and rw[L - 1] <= 0.02,
+        "first_layer_less_rank_one": bool(second) and rw[0] > deep_max,
+        "final_loss": res["final_loss"], "final_loss_ok": res["final_loss"] <= cfg.final_loss_max,
+        "final_s2_s1_max_mid": max(res["final_s2_s1"][l - 1] for l in mid),
+        "second_sv_grows": max(res["final_s2_s1"][l - 1] for l in mid) >= 0.3,
+    }
+
+
+def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
+    L = cfg.depth
+    ids = sorted(results, key=lambda u: int(u[4:]))
+    checks = {u: seed_checks(cfg, results[u]) for u in ids}
+    need = math.ceil(2 * len(ids) / 3)
+    lo, hi = cfg.second_level
+    deep = f"{max(2, L - 2)}..{L}"
+
+    def seed_claim(key, statement, expected, measured_key):
+        passed = sum(bool(c[key]) for c in checks.values())
+        measured = {u: c[measured_key] for u, c in checks.items()} | {"seeds passing": f"{passed}/{len(ids)}"}
+        return claim(statement, REF, f"{expected}, in >= {need} of {len(ids)} seeds", measured, passed >= need)
+
+    claims = [
+        seed_claim("two_plateaus_first_ln10", f"training from small init passes >= 2 saddles; the first plateau sits "
+                   f"at ln 10 = {math.log(10):.4f} (±0.01) for >= {cfg.claim_min_steps} steps",
+                   ">= 2 escapes, first level ln 10", "saddles"),
+        seed_claim("second_plateau", f"a second plateau at loss in [{lo}, {hi}] lasts >= {cfg.claim_min_steps} steps",
+                   f"level in [{lo}, {hi}]", "second_level"),
+        seed_claim("deep_rank_one", f"at the second plateau's midpoint the deep layers {deep} are nearly rank one: "
+                   f"r_W <= 0.1, and r_W(L) <= 0.02", "r_W(deep) <= 0.1, r_W(L) <= 0.02", "r_W_second"),
+        seed_claim("first_layer_less_rank_one", f"at that midpoint the first layer is further from rank one than "
+                   f"layers {deep}: r_W(1) > max r_W({deep})", "r_W(1) > max deep r_W", "r_W_second"),
+        seed_claim("final_loss_ok", f"training ends at a low loss (<= {cfg.final_loss_max})",
+                   f"final loss <= {cfg.final_loss_max}", "final_loss"),
+        seed_claim("second_sv_grows", "after the later escapes a second singular value has grown in layers "
+                   "3..L-1: final max s2/s1 >= 0.3", "max s2/s1 >= 0.3", "final_s2_s1_max_mid"),
+    ]
+
+    rows = []
+    for u in ids:
+        for k, p in enumerate(results[u]["plateaus"], start=1):
+            rows.append({"seed": u, "plateau": k, "start": p["start"], "end": p["end"], "level": p["level"],
+                         "escape_step": p["escape"], "speed_at_mid": p["speed"],
+                         **{f"r_W{l}": p["r_W"][l - 1] for l in range(1, L + 1)},
+                         **{f"s2/s1_{l}": p["s2_s1"][l - 1] for l in range(1, L + 1)}})
+    plateau_table = pd.DataFrame(rows)
+    seed_table = pd.DataFrame([{"seed": u, **{k: (str(v) if isinstance(v, list) else v) for k, v in c.items()}}
+                               for u, c in checks.items()])
+
+    hists = {u: pd.read_csv(ctx.dir / "units" / u / "history.csv") for u in ids
+             if (ctx.dir / "units" / u / "history.csv").exists()}
+    figures = {}
+    if hists:
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        for i, (u, h) in enumerate(hists.items()):
+            ax.plot(h["step"], h["loss"], color=f"C{i}", lw=1, label=u)
+            ax.plot(h["step"], smooth(h["loss"]), color=f"C{i}", lw=0.6, alpha=0.5)
+            for p in results[u]["plateaus"]:
+                ax.hlines(p["level"], p["start"], p["end"], color=f"C{i}", lw=5, alpha=0.3)
+                ax.axvline(p["mid"], color=f"C{i}", ls=":", lw=0.8)
+                if p["escape"] is not None:
+                    ax.axvline(p["escape"], color=f"C{i}", ls="--", lw=0.6, alpha=0.6)
+        ax.axhline(math.log(10), color="0.4", lw=0.8, ls="-.", label="ln 10")
+        ax.set_yscale("log")
+        ax.set_xlabel("SGD step")
+        ax.set_ylabel("full-train cross-entropy")
+        ax.set_title("loss with detected plateaus (bands), midpoints (:) and escapes (--)")
+        ax.legend(fontsize=8)
+        figures["loss_plateaus"] = fig
+
+        u0, h0 = next(iter(hists.items()))
+        cols = min(L, 3)
+        rows_n = math.ceil(L / cols)
+        fig2, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 3.2 * rows_n), squeeze=False)
+        for l in range(1, L + 1):
+            ax2 = axes[(l - 1) // cols][(l - 1) % cols]
+            for i in range(1, 11):
+                if f"sv{l}_{i}" in h0:
+                    ax2.plot(h0["step"], h0[f"sv{l}_{i}"], lw=1, color=plt.cm.viridis((i - 1) / 9))
+            for p in results[u0]["plateaus"]:
+                ax2.axvline(p["mid"], color="0.5", ls=":", lw=0.8)
+            ax2.set_yscale("log")
+            ax2.set_title(f"W_{l}: top-10 singular values ({u0})", fontsize=9)
+            ax2.set_xlabel("step", fontsize=8)
+        for k in range(L, rows_n * cols):
+            axes[k // cols][k % cols].axis("off")
+        fig2.tight_layout()
+        figures["singular_values"] = fig2
+
+        fig3, ax3 = plt.subplots(figsize=(8, 3.8))
+        for l in range(1, L + 1):
+            ax3.plot(h0["step"], h0[f"rW{l}"], lw=1, label=f"r_W({l})")
+        ax3.set_xlabel("step")
+        ax3.set_ylabel("r_W = Σ_{i>=2} s_i² / Σ s_i²")
+        ax3.set_title(f"distance from rank one per layer ({u0})")
+        ax3.legend(fontsize=8, ncol=3)
+        figures["r_W"] = fig3
+
+    summary = {"seeds": len(ids), "checks": {u: {k: v for k, v in c.items()} for u, c in checks.items()}}
+    notes = ["lr_t = max(c/‖θ_t‖^{L-2}, lr_min): the floor lr_min is a deliberate deviation of the quick preset "
+             "(THEORY.md Part 4 §6, §8.7); it can cause upward loss spikes, which plateau detection ignores."]
+    return Analysis(claims, figures, {"plateaus": plateau_table, "seed_checks": seed_table}, summary, notes)
+
+
+EXPERIMENT = Experiment(
+    name="saddle-digits",
+    summary="A deep bias-free ReLU MLP trained from small initialization on the digits goes from saddle to saddle: "
+            "a plateau at ln 10, an escape along a nearly rank-one direction, a second plateau, a second escape.",
+    reference="Bantzis, Simon, Jacot, Saddle-to-Saddle Dynamics in Deep ReLU Networks, Fig. 1, App. B; "
+              "THEORY.md Part 4 §6 (digits_quick)",
+    config=Config, presets=DIGITS_PRESETS, units=units, run_unit=run_unit, analyze=analyze)
+
+MNIST_EXPERIMENT = Experiment(
+    name="saddle-mnist",
+    summary="Saddle-to-saddle dynamics of a depth-6 bias-free ReLU MLP on MNIST (local IDX files; paper preset "
+            "needs a GPU).",
+    reference="Bantzis, Simon, Jacot, Saddle-to-Saddle Dynamics in Deep ReLU Networks, Fig. 1, App. B; "
+              "THEORY.md Part 4 §6 (mnist_paper)",
+    config=MnistConfig, presets=MNIST_PRESETS, units=units, run_unit=run_unit, analyze=analyze)

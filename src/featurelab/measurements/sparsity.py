@@ -1,0 +1,271 @@
+"""Exact width reduction of trained networks (THEORY.md Part 3 §5a-§5c, §3 Prop. 6-8; Jacot et al. 2022).
+
+Rows are samples: X is ``N x d_in``; a hidden layer's representation ``Z_l`` is ``N x n_l``, so neuron i
+is column i of ``Z_l`` (THEORY's row i of ``Z_ℓ``) and its σ-vector ``σ(Z_l)[:, i]`` is THEORY's ``a_i``.
+Neuron i's incoming weights are row i of ``W_l`` (bias column included), its outgoing weights column i
+of ``W_{l+1}``. Every function returns a new float64 `MLP` (the input is untouched) and a per-layer
+report (a DataFrame). All need a positively homogeneous activation (leaky-ReLU family).
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from ..checks import int_at_least, positive
+from ..errors import FeaturelabError
+from ..models.mlp import MLP
+from .representations import RTOL, check_inputs, layers, row_basis
+
+NULL_RTOL = 1e-10
+
+
+def mlp_with_weights(model: MLP, weights: list[torch.Tensor]) -> MLP:
+    """A float64 `MLP` with `model`'s architecture (σ, β, linear tail) and the given weights (stored layout,
+    ``n_l x (n_{l-1}+1)`` with bias column when β > 0); hidden widths are read off the weights."""
+    widths = [int(W.shape[0]) for W in weights[:-1]]
+    new = MLP(model.dims[0], model.dims[-1], widths, model.depth, leak=model.leak, bias=model.bias,
+              linear_tail=model.linear_tail, activation=model.activation, dtype=torch.float64)
+    with torch.no_grad():
+        for p, W in zip(new.weights, weights):
+            p.copy_(W)
+    return new
+
+
+def _output_error(model: MLP, X: torch.Tensor, weights: list[torch.Tensor], reference: torch.Tensor) -> float:
+    """max |f'(X) - f(X)| / max |f(X)| over the training set."""
+    out = layers(model, X, weights).pre[-1]
+    return float((out - reference).abs().max() / reference.abs().max().clamp_min(1e-300))
+
+
+def _sq_norm(weights: list[torch.Tensor]) -> float:
+    return float(sum((W**2).sum() for W in weights))
+
+
+def _replace_layer(weights, l: int, W_in: torch.Tensor, W_out: torch.Tensor, bias: bool):
+    """Put new incoming weights of hidden layer l (rows) and outgoing weights (columns) into a copy."""
+    new = list(weights)
+    if W_in.shape[0] == 0:  # keep one zero neuron: a width-0 layer does not exist
+        W_in = torch.zeros(1, weights[l - 1].shape[1], dtype=torch.float64)
+        W_out = torch.zeros(weights[l].shape[0], 1, dtype=torch.float64)
+    bias_col = weights[l][:, -1:] if bias else weights[l][:, :0]
+    new[l - 1] = W_in
+    new[l] = torch.cat([W_out, bias_col], dim=1)
+    return new
+
+
+# ------------------------------------------------------------------------------ 5a: merge
+def merge_aligned_neurons(model: MLP, X, tol: float = 1e-9) -> tuple[MLP, pd.DataFrame]:
+    """Delete dead neurons and merge neurons with proportional σ-vectors (THEORY.md Part 3 §5a).
+
+    In each hidden layer (in order), neurons whose σ-vectors ``a_i = σ(Z_l)[:, i]`` have cosine >= 1 - tol
+    with a group leader s are merged: ``c_i = ⟨a_i, s⟩/‖s‖²``, ``w = w_r/c_r`` with ``r = argmin ‖w_i‖/c_i``,
+    ``u = Σ c_i v_i``, ``t = (‖u‖/‖w‖)^½``, new neuron ``(t w, u/t)``. Because σ is positively homogeneous the
+    training outputs are unchanged when the σ-vectors are exactly proportional (tol = 1e-9, "exact mode");
+    with tol = 1e-3 ("approximate mode") they change and the report says by how much. The parameter norm
+    does not increase: ``2‖w‖‖u‖ <= Σ 2‖w_i‖‖v_i‖ <= Σ(‖w_i‖² + ‖v_i‖²)``.
+
+    X: ``N x d_in`` training inputs. Returns the merged float64 `MLP` and a report with one row per hidden
+    layer: width_before, dead, width_after, sq_norm (‖θ‖² after this layer), output_error (max|Δf|/max|f|).
+    """
+    X, _ = check_inputs(model, X, homogeneous=True)
+    positive("tol", tol)
+    lay = layers(model, X)
+    W, ref = list(lay.weights), lay.pre[-1]
+    rows = [{"layer": 0, "width_before": None, "dead": None, "width_after": None, "sq_norm": _sq_norm(W),
+             "output_error": 0.0}]
+    for l in range(1, model.depth):
+        S = model.sigma(layers(model, X, W).pre[l - 1], l)
+        norms = S.norm(dim=0)
+        alive = torch.nonzero(norms > 0).flatten().tolist()
+        unit = S / norms.clamp_min(1e-300)
+        cos = unit.T @ unit
+        left, W_in, W_out = set(alive), [], []
+        for i in alive:
+            if i not in left:
+                continue
+            group = [j for j in alive if j in left and cos[i, j] >= 1 - tol]
+            left -= set(group)
+            s = S[:, i]
+            c = torch.stack([S[:, j] @ s for j in group]) / (s @ s)
+            w_rows = W[l - 1][group]
+            r = int(torch.argmin(w_rows.norm(dim=1) / c))
+            w = w_rows[r] / c[r]
+            u = W[l][:, group] @ c
+            if u.norm() == 0:  # the group feeds nothing forward
+                continue
+            t = torch.sqrt(u.norm() / w.norm())
+            W_in.append(t * w)
+            W_out.append(u / t)
+        n_out = W[l].shape[0]
+        W = _replace_layer(W, l, torch.stack(W_in) if W_in else torch.zeros(0, W[l - 1].shape[1], dtype=torch.float64),
+                           torch.stack(W_out, dim=1) if W_out else torch.zeros(n_out, 0, dtype=torch.float64),
+                           model.bias > 0)
+        rows.append({"layer": l, "width_before": S.shape[1], "dead": S.shape[1] - len(alive),
+                     "width_after": W[l - 1].shape[0], "sq_norm": _sq_norm(W),
+                     "output_error": _output_error(model, X, W, ref)})
+    return mlp_with_weights(model, W), pd.DataFrame(rows[1:])
+
+
+# ------------------------------------------------------------------------- 5b: Carathéodory
+def pair_factor(Z: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """A small matrix R with ``RᵀR = G = (ZᵀZ)^∘2 + (SᵀS)^∘2`` (n x n), hence ``null(R) = null([vec P_i])``.
+
+    Z, S: ``N x n`` (neuron i is column i; ``P_i = (z_i z_iᵀ, s_i s_iᵀ)``, Part 3 §5b step 2). With thin QRs
+    ``Z = Q_Z R_Z``, ``vec(z_i z_iᵀ) = (Q_Z ⊗ Q_Z)(r_i ⊗ r_i)`` and ``Q_Z ⊗ Q_Z`` is orthonormal, so the
+    stacked symmetric Khatri-Rao rows of R_Z and R_S carry the same null space as the N(N+1) x n matrix
+    ``[vec P_i]`` without squaring its singular values (G's eigenvalues would). Rows are reduced by a
+    streamed QR, so memory stays O(n²) per block.
+    """
+    blocks = []
+    for M in (Z, S):
+        R = torch.linalg.qr(M, mode="r").R
+        iu = torch.triu_indices(R.shape[0], R.shape[0])
+        coef = torch.where(iu[0] == iu[1], 1.0, 2.0**0.5).to(torch.float64)
+        blocks.append((iu, coef, R))
+    acc = torch.zeros(0, Z.shape[1], dtype=torch.float64)
+    step = max(1, 4 * Z.shape[1])
+    for iu, coef, R in blocks:
+        for k in range(0, iu.shape[1], step):
+            i, j = iu[0, k:k + step], iu[1, k:k + step]
+            rows = coef[k:k + step, None] * R[i] * R[j]
+            acc = torch.linalg.qr(torch.cat([acc, rows]), mode="r").R
+    return acc
+
+
+def null_space(R: torch.Tensor, rtol: float = NULL_RTOL) -> tuple[torch.Tensor, int]:
+    """Orthonormal basis (n x k) of ``{φ: ‖Rφ‖ <= rtol·‖R‖_op}`` and the numerical rank n - k."""
+    n = R.shape[1]
+    _, s, Vh = torch.linalg.svd(R, full_matrices=True)
+    rank = int((s > rtol * s[0]).sum()) if s.numel() and s[0] > 0 else 0
+    return Vh[rank:].T, rank
+
+
+def caratheodory_weights(null: torch.Tensor) -> torch.Tensor:
+    """Carathéodory elimination (Part 3 §5b step 4): from a = 1, move along each null vector φ until one
+    coordinate hits 0; returns a >= 0 with ``Σ (a_i - 1) P_i = 0`` and at most n - k nonzeros."""
+    a = torch.ones(null.shape[0], dtype=torch.float64)
+    Phi = null.clone()
+    for j in range(Phi.shape[1]):
+        phi = Phi[:, j]
+        scale = phi.abs().max()
+        if scale < 1e-12:
+            continue
+        if not (phi > 1e-12 * scale).any():
+            phi = -phi
+        pos = phi > 1e-12 * scale
+        ratio = torch.full_like(a, float("inf"))
+        ratio[pos] = a[pos] / phi[pos]
+        i = int(torch.argmin(ratio))
+        a = (a - ratio[i] * phi).clamp_min(0.0)
+        a[i] = 0.0
+        Phi[:, j + 1:] -= torch.outer(phi / phi[i], Phi[i, j + 1:])
+        Phi[i, j + 1:] = 0.0
+    a[a <= 1e-13] = 0.0
+    return a
+
+
+def caratheodory_reduce(model: MLP, X, rtol: float = NULL_RTOL) -> tuple[MLP, pd.DataFrame]:
+    """Exact width reduction keeping every hidden layer's covariance pair (THEORY.md Part 3 §5b, Lemma 10).
+
+    For each hidden layer l in order: drop dead neurons (zero σ-vector), find the null space of the
+    pair vectors ``P_i = (z_i z_iᵀ, σ(z_i)σ(z_i)ᵀ)`` (`pair_factor`, singular values <= rtol·max), and run
+    Carathéodory's elimination to weights a >= 0 with ``Σ a_i P_i = Σ P_i`` and at most rank <= N(N+1)
+    nonzeros. The layer is rebuilt with ``z'_i = √a_i z_i``: ``W'_l = Z'_l (Z^σ_{l-1})⁺`` (min-norm rows) and
+    ``W'_{l+1} = Z_{l+1} (Z'^σ_l)⁺`` (lstsq, rcond = 1e-10). Both Grams are kept, so the column space of
+    ``[σ(Z'_l), β1]`` is unchanged and the training outputs are exact; the two rebuilt layers cost their
+    old min-norm cost, so ``‖θ'‖² <= ‖θ‖²`` and the regularized loss does not increase. A layer with no
+    dead neuron and no null vector is left untouched (a no-op when n_l <= rank).
+
+    X: ``N x d_in`` training inputs. Returns the reduced float64 `MLP` and a report with one row per
+    hidden layer: width_before, dead, rank (of the pair matrix, <= N(N+1)), width_after, gram_error
+    (relative, of the alive neurons' K and of K^σ), sq_norm (‖θ‖² after this layer), output_error
+    (max|Δf|/max|f| on X after this layer).
+    """
+    X, _ = check_inputs(model, X, homogeneous=True)
+    positive("rtol", rtol)
+    lay = layers(model, X)
+    W, ref = list(lay.weights), lay.pre[-1]
+    rows = []
+    for l in range(1, model.depth):
+        cur = layers(model, X, W)
+        Z, A_prev, Z_next = cur.pre[l - 1], cur.inputs[l - 1], cur.pre[l]
+        S = model.sigma(Z, l)
+        alive = torch.nonzero(S.norm(dim=0) > 0).flatten()
+        Za, Sa = Z[:, alive], S[:, alive]
+        null, rank = null_space(pair_factor(Za, Sa), rtol) if alive.numel() else (torch.zeros(0, 0), 0)
+        row = {"layer": l, "width_before": Z.shape[1], "dead": Z.shape[1] - alive.numel(), "rank": rank}
+        if alive.numel() == Z.shape[1] and null.shape[1] == 0:
+            rows.append(row | {"width_after": Z.shape[1], "gram_error": 0.0, "sq_norm": _sq_norm(W),
+                               "output_error": _output_error(model, X, W, ref)})
+            continue
+        a = caratheodory_weights(null) if null.shape[1] else torch.ones(alive.numel(), dtype=torch.float64)
+        keep = torch.nonzero(a > 0).flatten()
+        _, _, Q = row_basis(A_prev, RTOL)
+        W_in = (W[l - 1][alive[keep]] @ Q @ Q.T) * a[keep].sqrt()[:, None]
+        Zr = A_prev @ W_in.T
+        Ar = model.with_bias(model.sigma(Zr, l))
+        W_next = torch.linalg.lstsq(Ar, Z_next, rcond=RTOL, driver="gelsd").solution.T
+        n_keep = W_in.shape[0]
+        if n_keep:
+            W = list(W)
+            W[l - 1], W[l] = W_in, W_next.contiguous()
+        else:
+            W = _replace_layer(W, l, W_in, torch.zeros(Z_next.shape[1], 0, dtype=torch.float64), model.bias > 0)
+        K, Kr = Za @ Za.T, Zr @ Zr.T
+        Ks, Ksr = Sa @ Sa.T, Ar[:, : n_keep] @ Ar[:, : n_keep].T
+        gram = max(float((Kr - K).norm() / K.norm().clamp_min(1e-300)),
+                   float((Ksr - Ks).norm() / Ks.norm().clamp_min(1e-300)))
+        rows.append(row | {"width_after": W[l - 1].shape[0], "gram_error": gram, "sq_norm": _sq_norm(W),
+                           "output_error": _output_error(model, X, W, ref)})
+    return mlp_with_weights(model, W), pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------ 5c: pattern merge
+def pattern_merge(model: MLP, X) -> tuple[MLP, pd.DataFrame]:
+    """Merge the neurons of a shallow ReLU net with scalar output that share their training activation
+    pattern and the sign of their output weight (THEORY.md Part 3 §5c, Prop. 15).
+
+    With ``v = Σ |c_i| w_i`` over a group (w_i: incoming row incl. bias, c_i: output weight), the group acts
+    on every training point as ``sign(c)·relu(vᵀx̃)``; the new neuron has incoming ``v/√‖v‖`` and outgoing
+    ``sign(c)·√‖v‖``, whose norm ``2‖v‖ <= Σ 2|c_i|‖w_i‖`` does not exceed the group's. With scalar inputs
+    there are at most 2N-1 patterns, so at most 4N-2 neurons remain. Needs depth 2, ReLU (leak 0) and
+    d_out = 1. X: ``N x d_in``. Returns the merged float64 `MLP` and a one-row report.
+    """
+    X, _ = check_inputs(model, X, homogeneous=True)
+    if model.depth != 2 or model.leak != 0.0 or model.dims[-1] != 1 or model.linear_tail:
+        raise FeaturelabError(f"pattern_merge needs a depth-2 ReLU MLP with d_out=1, got dims={model.dims}, "
+                              f"leak={model.leak}, linear_tail={model.linear_tail}")
+    lay = layers(model, X)
+    W1, W2 = lay.weights
+    n = W1.shape[0]
+    pattern, c = lay.pre[0] > 0, W2[0, :n]
+    groups: dict[tuple, list[int]] = {}
+    for i in range(n):
+        if pattern[:, i].any() and c[i] != 0:
+            groups.setdefault((bytes(pattern[:, i].numpy()), bool(c[i] > 0)), []).append(i)
+    W_in, W_out = [], []
+    for (_, positive_c), idx in groups.items():
+        v = (c[idx].abs()[:, None] * W1[idx]).sum(0)
+        root = v.norm().sqrt()
+        W_in.append(v / root)
+        W_out.append(root if positive_c else -root)
+    W = _replace_layer(lay.weights, 1, torch.stack(W_in) if W_in else torch.zeros(0, W1.shape[1], dtype=torch.float64),
+                       torch.stack(W_out)[None, :] if W_out else torch.zeros(1, 0, dtype=torch.float64), model.bias > 0)
+    report = pd.DataFrame([{"layer": 1, "width_before": n, "width_after": W[0].shape[0],
+                            "sq_norm_before": _sq_norm(lay.weights), "sq_norm": _sq_norm(W),
+                            "output_error": _output_error(model, X, W, lay.pre[-1])}])
+    return mlp_with_weights(model, W), report
+
+
+# --------------------------------------------------------------------------------- padding
+def pad_width(model: MLP, extra: int) -> MLP:
+    """Append `extra` zero neurons to every hidden layer (Part 3 Prop. 6: wider nets can only do better);
+    the zero neurons are dead, so outputs and ‖θ‖² are unchanged. Returns a float64 `MLP`."""
+    int_at_least("extra", extra, 0)
+    W = [w.detach().to(torch.float64).cpu() for w in model.weights]
+    for l in range(1, model.depth):
+        n_prev = W[l - 1].shape[1]
+        W[l - 1] = torch.cat([W[l - 1], torch.zeros(extra, n_prev, dtype=torch.float64)])
+        n = W[l - 1].shape[0] - extra
+        W[l] = torch.cat([W[l][:, :n], torch.zeros(W[l].shape[0], extra, dtype=torch.float64), W[l][:, n:]], dim=1)
+    return mlp_with_weights(model, W)

@@ -1,0 +1,46 @@
+"""Claims: a paper's statement checked numerically, with what was expected, measured and allowed."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Claim:
+    """One checked statement of a paper.
+
+    statement: what is claimed, in words.   reference: where (THEORY.md part/section, paper figure).
+    expected: the value or range claimed.    measured: what this run measured.
+    tolerance: the slack allowed ("" when the check is an inequality).    passed: the verdict.
+    """
+
+    statement: str
+    reference: str
+    expected: str
+    measured: str
+    tolerance: str
+    passed: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def fmt(value, digits: int = 4) -> str:
+    """Compact text for a measured number, list or dict."""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        if math.isinf(value) or math.isnan(value):
+            return str(value)
+        return f"{value:.{digits}g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(fmt(v, digits) for v in value) + "]"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {fmt(v, digits)}" for k, v in value.items())
+    return str(value)
+
+
+def claim(statement: str, reference: str, expected, measured, passed: bool, tolerance="") -> Claim:
+    """Build a `Claim`, formatting `expected`, `measured` and `tolerance` for the report."""
+    return Claim(statement, reference, expected if isinstance(expected, str) else fmt(expected),
+                 fmt(measured), tolerance if isinstance(tolerance, str) else fmt(tolerance), bool(passed))

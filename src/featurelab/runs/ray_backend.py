@@ -1,0 +1,106 @@
+"""The Ray backend of the sweep: each work item (one unit, or one batched ensemble) is a Ray task.
+
+A task runs in a scratch folder on whichever node Ray picks; the unit folders' files travel as bytes
+(in: what an interrupted run left, so ``--resume`` continues its checkpoint; out: everything the
+unit wrote), and the driver writes them into the run folder, ``result.json`` last. So results land
+on the driver even when the cluster's nodes share no file system, and a run folder is the same
+whichever backend filled it (``--resume`` works across backends).
+
+A task whose worker process or node dies is re-run by Ray up to `retries` times; after that its
+units are reported failed (in the claims and the report) and the sweep goes on. Exceptions inside a
+unit are not retried: they are the unit's failure, as with the local backend.
+
+Ray is an optional extra: ``pip install "featurelab[ray]"``. The cluster's nodes need featurelab
+installed (same version); connect with ``address`` (``HOST:PORT``) or ``RAY_ADDRESS``; with neither, a
+local Ray instance is started. If Ray is already initialised in this process, that connection is used.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..errors import FeaturelabError
+from .io import write_bytes
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise FeaturelabError('backend="ray" needs the optional Ray extra: pip install "featurelab[ray]"') from None
+    return ray
+
+
+def connect(address: str | None = None):
+    """The `ray` module, initialised: an existing connection, else `address`, ``RAY_ADDRESS``, or a new
+    local instance."""
+    ray = _ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, log_to_driver=False,
+                     include_dashboard=False, configure_logging=False)
+        except Exception as exc:
+            raise FeaturelabError(f"could not connect to a Ray cluster at address={address or os.environ.get('RAY_ADDRESS')!r}: "
+                                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    return ray
+
+
+def pack(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` as {relative path: bytes} (empty when the folder does not exist)."""
+    folder = Path(folder)
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def unpack(files: dict[str, bytes], folder: Path) -> None:
+    """Write `files` into `folder` atomically, ``result.json`` last (it marks the unit finished)."""
+    for rel in sorted(files, key=lambda r: r == "result.json"):
+        write_bytes(Path(folder) / rel, files[rel])
+
+
+def run_remote(exp, cfg_dict, units, files_in, device, resume, threads):
+    """The task body: run the item in a scratch folder; return its outcomes and the files written."""
+    from .sweep import execute_item
+
+    with tempfile.TemporaryDirectory(prefix="featurelab-ray-") as tmp:
+        folders = [Path(tmp) / u["id"] for u in units]
+        for folder, files in zip(folders, files_in):
+            unpack(files, folder)
+        outcomes = execute_item(exp, cfg_dict, units, [str(f) for f in folders], device, resume, threads)
+        return outcomes, [pack(f) for f in folders]
+
+
+def run_items(args: list[tuple], run_dir: Path, record, *, address: str | None, retries: int, threads: int,
+              show: bool) -> None:
+    """Submit each work item in `args` (the arguments of `featurelab.runs.sweep.execute_item`) as a Ray
+    task with `retries` retries; write each finished item's files under `run_dir` and pass its outcomes
+    to `record`. An item whose task still fails is recorded as failed for each of its units."""
+    ray = connect(address)
+    device = args[0][4] if args else "cpu"
+    task = ray.remote(run_remote).options(max_retries=retries, num_cpus=threads,
+                                          num_gpus=1 if str(device).startswith("cuda") else 0)
+    refs = {}
+    for exp, cfg_dict, units, folders, dev, resume, thr in args:
+        ref = task.remote(exp, cfg_dict, units, [pack(Path(f)) for f in folders], dev, resume, thr)
+        refs[ref] = (units, folders)
+    bar = tqdm(total=len(refs), desc="ray", disable=not show, leave=False)
+    waiting = list(refs)
+    while waiting:
+        done, waiting = ray.wait(waiting, num_returns=1)
+        units, folders = refs[done[0]]
+        try:
+            outcomes, files = ray.get(done[0])
+        except Exception as exc:  # the task failed after its retries (worker or node died)
+            msg = (str(exc).strip().splitlines() or [""])[0]
+            record([(u["id"], None, f"ray task failed after {retries} retries: {type(exc).__name__}: {msg}", 0.0)
+                    for u in units])
+        else:
+            for folder, fs in zip(folders, files):
+                unpack(fs, Path(folder))
+            record(outcomes)
+        bar.update(1)
+    bar.close()

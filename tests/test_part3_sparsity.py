@@ -1,0 +1,106 @@
+"""THEORY.md Part 3 §7 checks 4 (merge), 5 (Carathéodory), 7 (1-D pattern merge), 8 (zero-neuron padding)."""
+import pytest
+import torch
+
+from featurelab import (MLP, FeaturelabError, caratheodory_reduce, covariance_pairs, merge_aligned_neurons,
+                        mlp_with_weights, oned, pad_width, pattern_merge, regularized_loss, representation_loss)
+
+D = torch.float64
+
+
+def sq(m):
+    return float(m.sq_norm().detach())
+
+
+def randomize(m, gen, scale=1.0):
+    with torch.no_grad():
+        for W in m.weights:
+            W.copy_(scale * torch.randn(W.shape, generator=gen, dtype=D))
+    return m
+
+
+def planted(gen):
+    """Depth-3 ReLU net (β = 1) whose first hidden layer holds copies (c = 0.5, 3) and dead neurons."""
+    m = randomize(MLP(4, 3, [6, 5], 3, bias=1.0, dtype=D), gen)
+    X = torch.randn(20, 4, generator=gen, dtype=D)
+    W = [w.detach().clone() for w in m.weights]
+    dead = torch.zeros(2, 5, dtype=D)
+    dead[:, -1] = -1.0  # bias only, negative: σ = 0 on every input
+    W[0] = torch.cat([W[0], 0.5 * W[0][0:1], 3.0 * W[0][2:3], 3.0 * W[0][0:1], dead])
+    W[1] = torch.cat([W[1][:, :6], torch.randn(5, 5, generator=gen, dtype=D), W[1][:, 6:]], dim=1)
+    return mlp_with_weights(m, W), X
+
+
+def test_merge_planted_copies(gen):
+    """Check 4: outputs to 1e-10, norm does not increase, width = number of groups, idempotent."""
+    m, X = planted(gen)
+    merged, report = merge_aligned_neurons(m, X)
+    assert report.loc[0, "width_before"] == 11 and report.loc[0, "dead"] == 2
+    assert merged.dims[1] == 6  # 9 alive neurons in 6 groups: {0, 6, 8}, {2, 7}, 1, 3, 4, 5
+    assert (merged(X) - m(X)).abs().max() <= 1e-10 * m(X).abs().max()
+    assert sq(merged) <= sq(m) + 1e-12
+    again, _ = merge_aligned_neurons(merged, X)
+    assert again.dims == merged.dims
+    assert (again(X) - merged(X)).abs().max() <= 1e-10 * m(X).abs().max()
+    assert sq(again) <= sq(merged) + 1e-12  # re-balancing layer 2 unbalanced layer 1: only "not larger"
+
+
+def test_caratheodory_reduction(gen):
+    """Check 5: N = 5, widths 80/60: width <= rank <= 30, Grams to 1e-10, outputs to 1e-9, ‖θ'‖² <= ‖θ^min‖²."""
+    m = randomize(MLP(3, 2, [80, 60], 3, bias=1.0, dtype=D), gen, 0.5)
+    X = torch.randn(5, 3, generator=gen, dtype=D)
+    reduced, report = caratheodory_reduce(m, X)
+    assert (report["width_after"] <= report["rank"]).all() and (report["rank"] <= 30).all()
+    assert list(reduced.dims[1:-1]) == report["width_after"].tolist()
+    assert (report["gram_error"] <= 1e-10).all()
+    assert (reduced(X) - m(X)).abs().max() <= 1e-9 * m(X).abs().max()
+    # the kept Grams, measured independently: K^σ exactly, K up to the dead neurons (which only add to K)
+    for p, q in zip(covariance_pairs(m, X), covariance_pairs(reduced, X)):
+        assert (q.K_sigma - p.K_sigma).norm() <= 1e-10 * p.K_sigma.norm()
+        assert torch.linalg.eigvalsh(p.K - q.K).min() >= -1e-10 * p.K.norm()
+    Y = torch.zeros(5, 2, dtype=D)
+    assert sq(reduced) <= sum(representation_loss(m, X, Y, 1.0).norms) + 1e-9
+    # no-op once the widths are at most the rank
+    again, rep2 = caratheodory_reduce(reduced, X)
+    assert again.dims == reduced.dims and (rep2["dead"] == 0).all()
+    assert all(torch.equal(a, b) for a, b in zip(again.weights, reduced.weights))
+
+
+def test_caratheodory_generic_narrow_net_is_noop(gen):
+    """Check 5: n <= rank(G): nothing to remove, the network is returned unchanged."""
+    m = randomize(MLP(3, 2, [6, 5], 3, leak=0.1, bias=1.0, dtype=D), gen)
+    X = torch.randn(5, 3, generator=gen, dtype=D)
+    reduced, report = caratheodory_reduce(m, X)
+    assert report["width_after"].tolist() == [6, 5]
+    assert all(torch.equal(a, b.detach()) for a, b in zip(reduced.weights, m.weights))
+
+
+def test_pattern_merge_1d(gen):
+    """Check 7: N = 10, width 400, scalar input: width <= 4N-2, outputs to 1e-10, norm does not increase."""
+    data = oned(10, "sin", seed=1)
+    m = randomize(MLP(1, 1, 400, 2, bias=1.0, dtype=D), gen)
+    merged, report = pattern_merge(m, data.X_train)
+    assert merged.dims[1] <= 4 * 10 - 2
+    assert (merged(data.X_train) - m(data.X_train)).abs().max() <= 1e-10 * m(data.X_train).abs().max()
+    assert sq(merged) <= sq(m)
+    assert report.loc[0, "width_before"] == 400
+    with pytest.raises(FeaturelabError, match="depth-2"):
+        pattern_merge(randomize(MLP(1, 1, 4, 3, bias=1.0, dtype=D), gen), data.X_train)
+
+
+def test_zero_padding_is_bit_identical(gen):
+    """Check 8: appending zero neurons leaves L_λ bit-identical (Prop. 6)."""
+    m = randomize(MLP(4, 3, [7, 6], 3, bias=1.0, dtype=D), gen)
+    X = torch.randn(15, 4, generator=gen, dtype=D)
+    Y = torch.randn(15, 3, generator=gen, dtype=D)
+    padded = pad_width(m, 5)
+    assert padded.dims == [4, 12, 11, 3]
+    assert regularized_loss(padded, X, Y, 0.01) == regularized_loss(m, X, Y, 0.01)
+
+
+def test_sparsity_tools_reject_tanh(gen):
+    m = randomize(MLP(4, 3, [7, 6], 3, bias=1.0, activation="tanh", dtype=D), gen)
+    X = torch.randn(15, 4, generator=gen, dtype=D)
+    for tool in (merge_aligned_neurons, caratheodory_reduce):
+        with pytest.raises(FeaturelabError, match="positively homogeneous"):
+            tool(m, X)

@@ -1,0 +1,110 @@
+"""Batched ensembles (issue 8): `train_ensemble` gives each member the run `train` gives it.
+
+Members differ in seed, init scale, λ, learning rate, L̃, data and mini-batch seed; float64 agreement
+is to 1e-10 (batched matmuls only sum in another order), float32 to the tolerance in docs/scale.md.
+"""
+import shutil
+
+import pytest
+import torch
+
+from featurelab import FeaturelabError, LeakyResNet, MLP, Phase, TrainConfig, bottleneck_teacher, train
+from featurelab.training import ensemble
+from featurelab.training.ensemble import ensemble_key, train_ensemble
+
+DATA = bottleneck_teacher((5, 2, 5), "fcnn", 8, 40, 16, teacher_seed=0, data_seed=1)
+
+
+def max_difference(models_a, models_b) -> float:
+    return max(float((a - b).abs().max()) for ma, mb in zip(models_a, models_b)
+               for a, b in zip(ma.state_dict().values(), mb.state_dict().values()))
+
+
+def compare(make, configs, data, tol):
+    """Train one-by-one and as an ensemble; return (max parameter difference, max history difference)."""
+    singles = [make(i) for i in range(len(configs))]
+    histories = [train(m, d, c).history for m, d, c in zip(singles, data, configs)]
+    members = [make(i) for i in range(len(configs))]
+    results = train_ensemble(members, data, configs)
+    cols = ["loss", "cost", "penalty", "train_error", "param_norm", "test_cost", "lr"]
+    hist = max(float((r.history[cols] - h[cols]).abs().max().max()) for r, h in zip(results, histories))
+    assert max_difference(members, singles) < tol and hist < tol * 10
+    assert all(len(r.history) == len(h) for r, h in zip(results, histories))
+
+
+def mlp_configs(dtype):
+    return [TrainConfig(lam=lam, seed=s, log_every=25, phases=[
+        Phase(optimizer="adam", steps=75, lr=lr, schedule="cosine", lr_min=lr / 10),
+        Phase(optimizer="sgd", steps=50, lr=lr / 2, momentum=0.5, guard_window=10, dtype=dtype)])
+        for lam, lr, s in [(0.0, 2e-3, 0), (0.01, 5e-3, 1), (0.03, 1e-3, 2)]]
+
+
+def test_mlp_ensemble_matches_one_by_one_float64():
+    """Per-member seed, init scale, λ, lr, lr_min; Adam (cosine) then SGD with momentum and the guard."""
+    make = lambda i: MLP(5, 5, 10, 3, bias=1.0, init_scale=[1.0, 0.5, 2.0][i], seed=i, dtype=torch.float64)
+    compare(make, mlp_configs(None), [DATA] * 3, 1e-10)
+
+
+def test_leaky_resnet_ensemble_per_member_effective_depth_data_and_adaptive_steps():
+    data = [bottleneck_teacher((5, 2, 5), "fcnn", 8, 40, 16, teacher_seed=i, data_seed=i + 1) for i in range(3)]
+    configs = [TrainConfig(lam=lam, log_every=30, phases=[Phase(optimizer="adam", steps=60, lr=3e-3, adapt_every=20)])
+               for lam in (0.01, 0.02, 0.05)]
+    make = lambda i: LeakyResNet(5, 5, 8, 6, [1.0, 2.0, 4.0][i], steps="adaptive", seed=i, dtype=torch.float64)
+    compare(make, configs, data, 1e-10)
+
+
+def test_minibatch_members_draw_their_own_batches():
+    configs = [TrainConfig(lam=0.01, seed=s, log_every=20, phases=[Phase(optimizer="sgd", steps=40, lr=0.05, batch_size=8)])
+               for s in (0, 1, 1)]
+    make = lambda i: MLP(5, 5, 10, 3, seed=i, dtype=torch.float64)
+    compare(make, configs, [DATA] * 3, 1e-10)
+
+
+def test_float32_ensemble_agrees_to_float32_rounding():
+    make = lambda i: MLP(5, 5, 10, 3, bias=1.0, seed=i, dtype=torch.float32)
+    compare(make, mlp_configs(None), [DATA] * 3, 1e-4)
+
+
+def test_ensemble_checkpoint_resumes_with_train(tmp_path, monkeypatch):
+    """The ensemble's periodic checkpoint (train's format, optimizer state included) continued by
+    `train(resume=True)` gives the weights of the uninterrupted run."""
+    saved = []
+    original = ensemble.save_checkpoint
+
+    def keep_step_40(folder, model, optimizer, info):
+        original(folder, model, optimizer, info)
+        if info["step"] == 40 and not saved:
+            shutil.copytree(folder, tmp_path / "at40")
+            saved.append(folder)
+
+    monkeypatch.setattr(ensemble, "save_checkpoint", keep_step_40)
+    config = TrainConfig(lam=0.01, log_every=20, checkpoint_every=20,
+                         phases=[Phase(optimizer="adam", steps=60, lr=3e-3, schedule="cosine")])
+    members = [MLP(5, 5, 10, 3, seed=i, dtype=torch.float64) for i in range(2)]
+    train_ensemble(members, DATA, config, run_dirs=[tmp_path / "m0", tmp_path / "m1"])
+    resumed = MLP(5, 5, 10, 3, seed=0, dtype=torch.float64)
+    result = train(resumed, DATA, config, run_dir=tmp_path / "at40", resume=True)
+    assert result.resumed_from == 40
+    assert max_difference([resumed], members[:1]) < 1e-10
+
+
+def test_ensemble_key_and_bad_input():
+    c = TrainConfig(lam=0.01, phases=[Phase(steps=5, lr=1e-3)])
+    a, b = MLP(5, 5, 10, 3, seed=0), MLP(5, 5, 10, 3, seed=1, init_scale=2.0)
+    assert ensemble_key(a, DATA, c) == ensemble_key(b, DATA, c.model_copy(update={"lam": 0.1, "seed": 3}))
+    assert ensemble_key(a, DATA, c) != ensemble_key(MLP(5, 5, 11, 3), DATA, c)
+    assert ensemble_key(a, DATA, TrainConfig(phases=[Phase(optimizer="lbfgs", steps=5, lr=1.0)])) is None
+    with pytest.raises(FeaturelabError, match=r"models\[1\] cannot join"):
+        train_ensemble([a, MLP(5, 5, 11, 3)], DATA, c)
+    with pytest.raises(FeaturelabError, match="data has 3 entries"):
+        train_ensemble([a, b], [DATA] * 3, c)
+
+
+def test_diverging_member_fails_alone():
+    configs = [TrainConfig(log_every=10, phases=[Phase(optimizer="sgd", steps=20, lr=lr)]) for lr in (1e-2, 10.0)]
+    members = [MLP(5, 5, 10, 3, leak=1.0, seed=i, dtype=torch.float64) for i in range(2)]
+    ok, bad = train_ensemble(members, DATA, configs)
+    reference = MLP(5, 5, 10, 3, leak=1.0, seed=0, dtype=torch.float64)
+    train(reference, DATA, configs[0])
+    assert isinstance(bad, FeaturelabError) and "diverged" in str(bad)
+    assert max_difference([reference], members[:1]) < 1e-10 and not isinstance(ok, Exception)
