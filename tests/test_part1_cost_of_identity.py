@@ -87,6 +87,19 @@ def test_T7_scale_invariance_and_monotonicity_in_gamma(gen):
     assert dense_coi(B, True, 0.01) == pytest.approx(fl.cost_of_identity(B, True, 0.01, "absolute"), rel=1e-9)
 
 
+@pytest.mark.parametrize("N,w", [(40, 6), (9, 12)])
+def test_woodbury_path_agrees_with_the_cholesky_path(gen, N, w):
+    A = torch.randn(N, w, generator=gen, dtype=torch.float64) + 0.2
+    M = torch.randn(N, 3 * w, generator=gen, dtype=torch.float64)
+    for gamma in (1e-6, 1e-3, 1.0):
+        chol = kernel_metric(A, True, gamma, "relative", "cholesky")
+        wood = kernel_metric(A, True, gamma, "relative", "woodbury")
+        assert chol.gamma == pytest.approx(wood.gamma, rel=1e-12)
+        G = chol.whiten(M).T @ chol.whiten(M)
+        torch.testing.assert_close(wood.whiten(M).T @ wood.whiten(M), G, rtol=1e-8, atol=1e-8 * float(G.abs().max()))
+        assert wood.condition == pytest.approx(chol.condition, rel=1e-6)
+
+
 def test_kernel_metric_jitter_and_conditioning(gen):
     A = torch.randn(6, 4, generator=gen, dtype=torch.float64)
     metric = kernel_metric(A, True, 1e-3, "relative")

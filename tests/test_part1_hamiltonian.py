@@ -146,7 +146,8 @@ def test_diagnostics_table_and_bad_inputs(gen):
     np.testing.assert_allclose(df["p"], model.positions[:-1].numpy())
     s = df.attrs["summary"]
     assert s["h_median"] == pytest.approx(float(np.median(-2 * df["hamiltonian"] / model.effective_depth)))
-    reps = model.representations(X)
+    with torch.no_grad():
+        reps = model.representations(X)
     assert s["path_length_F"] == pytest.approx(sum(float(torch.linalg.norm(reps[l] - reps[l - 1]))
                                                    for l in range(1, 7)))
     bad = [((fl.MLP(3, 2, 8, 2), X, Y, LAM), {}, "model"), ((model, X, Y[:5], LAM), {}, "rows"),

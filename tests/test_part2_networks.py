@@ -41,7 +41,8 @@ def test_exact_jacobian_bound_and_theorem6_proxy(gen):
 
 def test_proxy_is_zero_on_partial_isometries(gen):
     q, _ = torch.linalg.qr(torch.randn(6, 3, generator=gen, dtype=torch.float64))
-    assert layer_proxy(q @ q[:4].T, 3) == pytest.approx(0.0, abs=1e-24)
+    p, _ = torch.linalg.qr(torch.randn(4, 3, generator=gen, dtype=torch.float64))
+    assert layer_proxy(q @ p.T, 3) == pytest.approx(0.0, abs=1e-20)
     # e(k) = Σ_{i<=k}(s_i-1)² + Σ_{i>k} s_i² for a diagonal matrix
     assert layer_proxy(torch.diag(torch.tensor([2.0, 0.5, 0.1], dtype=torch.float64)), 1) == pytest.approx(1 + 0.25 + 0.01)
 
@@ -93,8 +94,9 @@ def test_width_k_layer_caps_jacobian_rank(gen):
     for k in (1, 2, 3):
         net = random_net(gen, depth=4, widths=[8, k, 8], d_in=6, d_out=5)
         X = torch.randn(20, 6, generator=gen, dtype=torch.float64)
-        assert int(jacobian_ranks(net, X, tol=1e-10).max()) <= k
-        assert int(torch.linalg.svdvals(jacobian(net, X))[:, k:].max(initial=0.0) / torch.linalg.svdvals(jacobian(net, X))[:, 0].min()) < 1e-10
+        ranks = jacobian_ranks(net, X, tol=1e-10)
+        assert int(ranks.max()) <= k
+        assert int(ranks.max()) == k  # leaky σ (a != 0) keeps every D_l invertible: generically rank k
 
 
 def test_linear_net_jacobian_rank_is_product_rank(gen):

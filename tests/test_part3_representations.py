@@ -96,7 +96,7 @@ def test_balanced_linear_net_exact_balance(gen):
             p.copy_(W)
     X = torch.eye(N, dtype=D)
     assert torch.allclose(m(X), Y, atol=1e-12)
-    assert float(m.sq_norm()) == pytest.approx(3 * float((s ** (2 / 3)).sum()), rel=1e-12)
+    assert float(m.sq_norm().detach()) == pytest.approx(3 * float((s ** (2 / 3)).sum()), rel=1e-12)
     lay = layers(m, X)
     evals, evecs = torch.linalg.eigh(Y @ Y.T)
     for l in (1, 2):
@@ -151,3 +151,23 @@ def test_covariance_pairs_are_grams(gen):
     pen = sum(float(torch.trace(torch.linalg.pinv(a, hermitian=True, rtol=1e-10) @ k)) for a, k in zip(Ks, Ks_next))
     rep = representation_loss(m, X, Y, 1.0)
     assert pen == pytest.approx(sum(rep.norms), rel=1e-8)
+
+
+def test_tikhonov_form_matches_projection_form(gen):
+    """Part 3 §2 'Stable evaluation': Tr[Zᵀ(K^σ+εI)^-1 Z] with ε = 1e-8·TrK^σ/N is within ~ε/s_min² of L^rep."""
+    from featurelab import tikhonov_loss
+    m, X, Y = random_net(gen, 1.0, N=12, widths=(5, 4))
+    rep = representation_loss(m, X, Y, 0.1)
+    tik = float(tikhonov_loss(m, X, layers(m, X).pre, Y, 0.1))
+    assert max(c**2 for c in rep.conds) < 1e4
+    assert tik == pytest.approx(rep.loss, rel=1e-5)
+    assert tik <= rep.loss  # ε > 0 can only lower each term
+
+
+def test_representation_descent_lowers_the_loss(gen):
+    """Projected GD as an optimizer: L^rep decreases step by step and the realized net attains it."""
+    from featurelab import representation_descent
+    m, X, Y = random_net(gen, 1.0, N=12, widths=(5, 4))
+    net, hist = representation_descent(m, X, Y, 0.05, lr=1e-3, steps=5)
+    assert len(hist) == 6 and all(b <= a for a, b in zip(hist, hist[1:])) and hist[-1] < hist[0]
+    assert regularized_loss(net, X, Y, 0.05) == pytest.approx(hist[-1], rel=1e-8)

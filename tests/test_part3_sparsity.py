@@ -104,3 +104,12 @@ def test_sparsity_tools_reject_tanh(gen):
     for tool in (merge_aligned_neurons, caratheodory_reduce):
         with pytest.raises(FeaturelabError, match="positively homogeneous"):
             tool(m, X)
+
+
+def test_caratheodory_step_pivots_on_the_dominant_entry():
+    """Part 3 §5b step 4 with pivoting: along φ ∝ (-1, 3e-5, 0) the step removes coordinate 0 with t ≈ 1
+    (a = (0, 1 + 3e-5, 1)), not coordinate 1 with t ≈ 3e4, which would amplify any residual of φ 3e4-fold."""
+    from featurelab.measurements.sparsity import caratheodory_weights
+    phi = torch.tensor([[-1.0], [3e-5], [0.0]], dtype=D)
+    a = caratheodory_weights(phi / phi.norm())
+    assert a[0] == 0 and a[1] == pytest.approx(1 + 3e-5, rel=1e-12) and a[2] == 1

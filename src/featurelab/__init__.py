@@ -52,7 +52,7 @@ from .data.constructions import (Construction, adjacency_matrix, bipartite, comp
                                  incidence_matrix, is_triangle_free, oned, onehot_identity, path_edges)
 from .measurements.representations import (CovariancePair, LayerForces, RepresentationLoss, covariance_pairs,
                                            layer_forces, principal_view, project_representations, projected_gd_step,
-                                           regularized_loss, representation_loss, tikhonov_loss,
+                                           regularized_loss, representation_descent, representation_loss, tikhonov_loss,
                                            weights_from_representations)
 from .measurements.sparsity import (caratheodory_reduce, merge_aligned_neurons, mlp_with_weights, pad_width,
                                     pattern_merge)
@@ -60,7 +60,7 @@ __all__ += ["Construction", "adjacency_matrix", "bipartite", "complete_bipartite
             "incidence_matrix", "is_triangle_free", "oned", "onehot_identity", "path_edges",
             "CovariancePair", "LayerForces", "RepresentationLoss", "covariance_pairs", "layer_forces",
             "principal_view", "project_representations", "projected_gd_step", "regularized_loss",
-            "representation_loss", "tikhonov_loss", "weights_from_representations",
+            "representation_descent", "representation_loss", "tikhonov_loss", "weights_from_representations",
             "caratheodory_reduce", "merge_aligned_neurons", "mlp_with_weights", "pad_width", "pattern_merge"]
 # --- Part 4: saddle-to-saddle, escape directions (issue 6) ---
 from .data.circle import circle_dataset
@@ -73,4 +73,18 @@ __all__ += ["circle_dataset", "EscapeSearch", "blowup_time", "eig_residual", "es
             "prop33_check", "prop34_check", "rank_one_chain", "tail_ratio", "theorem31_bound", "Plateau",
             "detect_plateaus"]
 # --- Part 5: invariances, alignment (issue 7) ---
+from .data.separable import separable
+from .measurements.alignment import adjacent_alignment, layer_ratios, theorem2_bounds, theorem2_constants
+from .measurements.invariances import (Invariant, InvariantSet, InvariantTracker, drift_slope, flow_derivative,
+                                       gram_difference, identity_block_controls, invariants, noninvariance_flow)
+from .measurements.paths import enumerate_paths, path_enumeration, tree_network
+from .models.conv import Conv
+from .models.residual import Dense, Flatten, HomogeneousNet, ResBlock, as_homogeneous
+__all__ += ["separable", "adjacent_alignment", "layer_ratios", "theorem2_bounds", "theorem2_constants",
+            "Invariant", "InvariantSet", "InvariantTracker", "drift_slope", "flow_derivative", "gram_difference",
+            "identity_block_controls", "invariants", "noninvariance_flow", "enumerate_paths", "path_enumeration",
+            "tree_network", "Conv", "Dense", "Flatten", "HomogeneousNet", "ResBlock", "as_homogeneous"]
 # --- Scale: ensembles, backends, bench (issue 8) ---
+from .bench import run_bench
+from .training.ensemble import ensemble_key, train_ensemble
+__all__ += ["train_ensemble", "ensemble_key", "run_bench"]

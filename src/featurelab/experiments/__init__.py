@@ -13,9 +13,11 @@ from . import leaky_discretization, leaky_hamiltonian
 # --- Part 2 experiments (issue 4) ---
 from . import bn_rank_depth, symmetry_learning
 # --- Part 3 experiments (issue 5) ---
+from . import cp_rank, forces, width_plateau
 # --- Part 4 experiments (issue 6) ---
 from . import escape_circle, saddle_digits
 # --- Part 5 experiments (issue 7) ---
+from . import alignment, invariance_drift, relu_noninvariance
 from .base import Analysis, AnalysisContext, Experiment, TrainingUnit, UnitContext
 
 EXPERIMENTS: list[Experiment] = [
@@ -28,11 +30,17 @@ EXPERIMENTS: list[Experiment] = [
     bn_rank_depth.EXPERIMENT,
     symmetry_learning.EXPERIMENT,
     # --- Part 3 (issue 5) ---
+    forces.EXPERIMENT,
+    width_plateau.EXPERIMENT,
+    cp_rank.EXPERIMENT,
     # --- Part 4 (issue 6) ---
     escape_circle.EXPERIMENT,
     saddle_digits.EXPERIMENT,
     saddle_digits.MNIST_EXPERIMENT,
     # --- Part 5 (issue 7) ---
+    invariance_drift.EXPERIMENT,
+    alignment.EXPERIMENT,
+    relu_noninvariance.EXPERIMENT,
 ]
 REGISTRY: dict[str, Experiment] = {e.name: e for e in EXPERIMENTS}
 

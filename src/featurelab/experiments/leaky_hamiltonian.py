@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from scipy.stats import spearmanr
 
 from ..measurements.hamiltonian import geodesic_diagnostics
-from ..runs.claims import claim
+from ..runs.claims import claim, fmt
 from ..runs.figures import plt
 from ..training import Phase
 from . import leaky_bottleneck as lb
@@ -123,7 +123,7 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
     k = lb.bottleneck_rank(cfg)
     Lts = t["effective_depth"].tolist()
     big = t[t["effective_depth"] >= LARGE]
-    r = dict(zip(Lts, t["residual_median"]))
+    r = fmt(dict(zip(Lts, t["residual_median"])), 2)
     out = [
         claim(f"Q1: median ĥ_γ and median ĥ increase with L̃ (median r by L̃: {r}; ĥ is no k* estimate here)",
               REF, "both strictly increasing",

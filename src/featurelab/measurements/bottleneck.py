@@ -16,7 +16,7 @@ import torch
 
 from ..checks import as_matrix, int_at_least, positive
 from ..errors import FeaturelabError
-from .jacobian import jacobian, jacobian_ranks, ntk_trace
+from .jacobian import float64_copy, jacobian, jacobian_ranks, ntk_trace
 from .ranks import singular_values
 from .representation_cost import log_pdet
 
@@ -217,13 +217,8 @@ def theorem7_check(model, x, k: int | None = None, tol: float = 1e-3) -> Theorem
         k = int(jacobian_ranks(model, x, tol))
     int_at_least("k", k, 1)
     L = model.depth
-    X = as_matrix("x", x[None]).to(next(model.parameters()).device)
-    state = [W.detach().double() for W in model.weights]
-    a, sq = X, []
-    for l, W in enumerate(state, start=1):
-        sq.append(float((a**2).sum()) + model.bias**2)
-        if l < L:
-            a = model.sigma(model.with_bias(a) @ W.T, l)
+    acts = float64_copy(model)(as_matrix("x", x[None]), return_layers=True).act
+    sq = [float((a**2).sum()) + model.bias**2 for a in acts]
     lhs = float(np.mean(sq))
     trace = float(ntk_trace(model, x))
     c1 = _sq_norm(model) - k * L
@@ -265,16 +260,8 @@ def representation_spectra(model, X, centred: bool = True) -> list[torch.Tensor]
     """Singular values of α̃_ℓ(X)/√N for ℓ = 1..L (THEORY.md Part 2 §3.10), centred over samples by
     default. X: ``N x d_in`` (rows are samples); float64."""
     _check_mlp(model)
-    X = as_matrix("X", X).to(next(model.parameters()).device)
-    state = [W.detach().double() for W in model.weights]
-    a, out = X, []
-    for l, W in enumerate(state, start=1):
-        z = model.with_bias(a) @ W.T
-        zc = z - z.mean(0) if centred else z
-        out.append(torch.linalg.svdvals(zc / np.sqrt(len(X))))
-        if l < model.depth:
-            a = model.sigma(z, l)
-    return out
+    pre = float64_copy(model)(as_matrix("X", X), return_layers=True).pre
+    return [torch.linalg.svdvals(((z - z.mean(0)) if centred else z) / np.sqrt(len(z))) for z in pre]
 
 
 def classify_minimum(k_mid: int, true_rank: int, fits: bool) -> str:

@@ -6,10 +6,14 @@ Rows are samples: a representation ``A`` is ``N x w`` (THEORY.md's ``Aᵀ``), ``
 For ``M, M'`` of shape ``N x w`` the kernel inner product of Part 1 §0 reads
 ``⟨M, M'⟩_(K+γI) = Tr[Mᵀ (K+γI)⁻¹ M']``.
 
-Everything is float64 and nothing forms an inverse: for γ > 0 one Cholesky factor ``K + γI = CCᵀ`` whitens,
-``Z = C⁻¹M`` (triangular solve), so ``⟨M, M'⟩ = Σ Z ⊙ Z'``; for γ = 0 the pseudo-inverse norm uses the
-minimum-norm least-squares solution ``Z = σ(A)⁺M`` (``lstsq``, driver gelsd, explicit rcond), for which
-``Tr[Mᵀ K⁺ M'] = Σ Z ⊙ Z'`` as well.
+Everything is float64 and nothing forms an inverse; every path "whitens", returning Z with
+``⟨M, M'⟩ = Σ Z ⊙ Z'``:
+- γ > 0, N <= w+1 ("cholesky", §3.7): one Cholesky factor ``K + γI = CCᵀ``, ``Z = C⁻¹M`` (triangular solve);
+- γ > 0, N > w+1 ("woodbury", the optional (w+1)-dimensional path of §3.7, in a cancellation-free form): with
+  the thin SVD ``σ(A) = U diag(s) Vᵀ``, ``K + γI = U diag(s²+γ) Uᵀ + γ(I − UUᵀ)``, so
+  ``Z = [diag(s²+γ)^{-1/2} UᵀM ; (M − UUᵀM)/√γ]``; O(N w²) instead of O(N³), tested against "cholesky";
+- γ = 0: the pseudo-inverse norm through the minimum-norm least-squares solution ``Z = σ(A)⁺M`` (``lstsq``,
+  driver gelsd, explicit rcond), for which ``Tr[Mᵀ K⁺ M'] = Σ Z ⊙ Z'``.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch
 from ..checks import as_matrix, non_negative, one_of
 
 GAMMA_MODES = ("relative", "absolute")
+METHODS = ("auto", "cholesky", "woodbury")
 RCOND = 1e-10  # explicit rcond of the γ = 0 least-squares path (§3.4)
 OUTSIDE_IMAGE_TOL = 1e-8  # ‖σ(A)Z - A‖ > tol·‖A‖ means A is outside the image: COI = inf (§3.4)
 
@@ -34,22 +39,27 @@ def features(A: torch.Tensor, bias: bool = True) -> torch.Tensor:
 class KernelMetric:
     """The inner product ``⟨M, M'⟩_(K+γI)`` of one representation's kernel (Part 1 §0, §3.7).
 
-    S: the features σ(A) (``N x m``), K = S Sᵀ.  gamma: the absolute γ used.  chol: lower Cholesky factor
-    of ``K + (γ + jitter) I`` (None when γ = 0).  jitter: what was added after a failed factorisation
-    (``1e-12 Tr(K)/N``, else 0).  eigenvalues: the nonzero spectrum of K (ascending, from the smaller Gram
-    matrix) for the conditioning.
+    S: the features σ(A) (``N x m``), K = S Sᵀ.  gamma: the absolute γ used.  method: "cholesky", "woodbury"
+    or "pinv" (γ = 0).  factor: the Cholesky factor of ``K + (γ + jitter)I``, or ``(U, s)`` of the thin SVD
+    of S.  jitter: what was added after a failed Cholesky factorisation (``1e-12 Tr(K)/N``, else 0).
+    eigenvalues: the nonzero spectrum of K (ascending) for the conditioning.
     """
 
     S: torch.Tensor
     gamma: float
-    chol: torch.Tensor | None
+    method: str
+    factor: object
     jitter: float
     eigenvalues: torch.Tensor
 
     def whiten(self, M: torch.Tensor) -> torch.Tensor:
-        """Z with ``⟨M, M'⟩ = Σ Z ⊙ Z'``: ``C⁻¹M`` (γ > 0) or ``σ(A)⁺M`` (γ = 0). M: ``N x k``."""
-        if self.chol is not None:
-            return torch.linalg.solve_triangular(self.chol, M, upper=False)
+        """Z with ``⟨M, M'⟩ = Σ Z ⊙ Z'`` (see the module docstring). M: ``N x k``."""
+        if self.method == "cholesky":
+            return torch.linalg.solve_triangular(self.factor, M, upper=False)
+        if self.method == "woodbury":
+            U, s = self.factor
+            C = U.T @ M
+            return torch.cat([C / torch.sqrt(s**2 + self.gamma)[:, None], (M - U @ C) / self.gamma**0.5])
         return torch.linalg.lstsq(self.S, M, rcond=RCOND, driver="gelsd").solution
 
     def sq_norm(self, M: torch.Tensor) -> float:
@@ -70,22 +80,32 @@ class KernelMetric:
         return (self.op_norm + self.gamma + self.jitter) / low if low > 0 else float("inf")
 
 
-def kernel_metric(A, bias: bool = True, gamma: float = 0.0, gamma_mode: str = "relative") -> KernelMetric:
+def kernel_metric(A, bias: bool = True, gamma: float = 0.0, gamma_mode: str = "relative",
+                  method: str = "auto") -> KernelMetric:
     """The kernel inner product of representation A (``N x w``, rows are samples); Part 1 §3.4, §3.7.
 
     gamma_mode "relative": γ = gamma·‖K‖_op (THEORY.md Part 1 §6.3); "absolute": γ = gamma.
-    γ > 0 factorises ``K + γI`` once (Cholesky; on failure adds jitter ``1e-12 Tr(K)/N`` and records it);
+    method (γ > 0): "cholesky" factorises ``K + γI`` (N x N; on failure adds jitter ``1e-12 Tr(K)/N`` and
+    records it); "woodbury" works in the (w+1) feature dimensions; "auto" takes "woodbury" when N > w+1.
     γ = 0 uses the pseudo-inverse through least squares.
     """
     A = as_matrix("A", A)
     non_negative("gamma", gamma)
     one_of("gamma_mode", gamma_mode, GAMMA_MODES)
+    one_of("method", method, METHODS)
     S = features(A, bias)
-    gram = S.T @ S if S.shape[0] >= S.shape[1] else S @ S.T
-    eig = torch.linalg.eigvalsh(gram)
-    g = gamma * float(eig[-1]) if gamma_mode == "relative" else float(gamma)
+    if method == "woodbury" or (method == "auto" and S.shape[0] > S.shape[1]):
+        U, s, _ = torch.linalg.svd(S, full_matrices=False)
+        eig = (s**2).flip(0)
+        g = gamma * float(eig[-1]) if gamma_mode == "relative" else float(gamma)
+        if g > 0:
+            return KernelMetric(S, g, "woodbury", (U, s), 0.0, eig)
+    else:
+        gram = S.T @ S if S.shape[0] >= S.shape[1] else S @ S.T
+        eig = torch.linalg.eigvalsh(gram)
+        g = gamma * float(eig[-1]) if gamma_mode == "relative" else float(gamma)
     if g <= 0:
-        return KernelMetric(S, 0.0, None, 0.0, eig)
+        return KernelMetric(S, 0.0, "pinv", None, 0.0, eig)
     K = S @ S.T
     eye = torch.eye(K.shape[0], dtype=K.dtype, device=K.device)
     chol, info = torch.linalg.cholesky_ex(K + g * eye)
@@ -93,11 +113,11 @@ def kernel_metric(A, bias: bool = True, gamma: float = 0.0, gamma_mode: str = "r
     if int(info) != 0:
         jitter = 1e-12 * float(torch.trace(K)) / K.shape[0]
         chol = torch.linalg.cholesky(K + (g + jitter) * eye)
-    return KernelMetric(S, g, chol, jitter, eig)
+    return KernelMetric(S, g, "cholesky", chol, jitter, eig)
 
 
 def cost_of_identity(A, bias: bool = True, gamma: float = 0.0, gamma_mode: str = "relative",
-                     projected: bool = False) -> float:
+                     projected: bool = False, method: str = "auto") -> float:
     """The cost of identity of representation A (``N x w``, rows are samples); THEORY.md Part 1 §3.4.
 
     gamma = 0: the exact ``COI(A) = ‖Aᵀ σ(A)ᵀ⁺‖² = Tr[Aᵀ K⁺ A]`` (paper §2.2; THEORY.md writes
@@ -106,12 +126,12 @@ def cost_of_identity(A, bias: bool = True, gamma: float = 0.0, gamma_mode: str =
     ``projected=True``, which returns the finite pseudo-inverse value ``‖Z‖²``. Unstable: use on synthetic
     matrices only.
     gamma > 0: the γ-stable ``COI_γ(A) = Tr[Aᵀ (K+γI)⁻¹ A]`` with γ = gamma·‖K‖_op ("relative", default,
-    THEORY.md Part 1 §6.3) or γ = gamma ("absolute").
+    THEORY.md Part 1 §6.3) or γ = gamma ("absolute"); method: see `kernel_metric`.
     """
-    metric = kernel_metric(A, bias, gamma, gamma_mode)
+    metric = kernel_metric(A, bias, gamma, gamma_mode, method)
     A = as_matrix("A", A)
     Z = metric.whiten(A)
-    if metric.chol is None and not projected:
+    if metric.method == "pinv" and not projected:
         if torch.linalg.norm(metric.S @ Z - A) > OUTSIDE_IMAGE_TOL * torch.linalg.norm(A):
             return float("inf")
     return float((Z**2).sum())

@@ -22,7 +22,7 @@ import torch
 
 from ..checks import as_matrix, int_at_least, non_negative, positive
 from ..errors import FeaturelabError
-from .ranks import singular_values
+from .ranks import singular_values, stable_rank
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -125,7 +125,7 @@ def escape_speed(weights, X, G) -> float:
     weights, X (``N x d_in``), G (``N x d_out``): as in `localized_loss`. Returns a float.
     """
     X = as_matrix("X", X)
-    Ws = as_weights(weights, X)
+    Ws = [W.detach() for W in as_weights(weights, X)]
     X, G = as_data(X, G, Ws[-1].shape[0])
     if float(_sq_norm(Ws)) == 0:
         raise FeaturelabError("weights are all zero; the speed is defined for θ != 0")
@@ -175,7 +175,7 @@ class EscapeSearch:
 
 
 def _widths(width, depth: int) -> list[int]:
-    widths = [width] * (depth - 1) if isinstance(width, int) and not isinstance(width, bool) else list(width)
+    widths = list(width) if isinstance(width, (list, tuple)) else [width] * (depth - 1)
     if len(widths) != depth - 1 or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
         raise FeaturelabError(f"width={width!r} is not allowed for depth={depth}: give an int >= 1 or "
                               f"a list of {depth - 1} ints >= 1")
@@ -199,37 +199,40 @@ def find_escape_directions(X, G, depth: int, width, restarts: int = 50, steps: i
 
     X: ``N x d_in``; G: ``N x d_out`` (rows are samples). depth: L >= 2. width: hidden width (int) or
     list of L-1 widths. restarts: R. steps: K. init: optional starting weights ``[W_ℓ]`` (each
-    ``n_ℓ x n_{ℓ-1}`` or ``R x n_ℓ x n_{ℓ-1}``) for PGD, e.g. a warm start from `extend_depth` (A1).
+    ``n_ℓ x n_{ℓ-1}`` or ``R x n_ℓ x n_{ℓ-1}``) for PGD, e.g. a warm start from `extend_depth` (A1);
+    width is then ignored. tail: the window (steps) of the convergence flag.
     Returns an `EscapeSearch` (speeds, weights on the sphere, per-step trace, convergence flags).
     """
     X = as_matrix("X", X)
+    X, G = as_data(X, G)
     int_at_least("depth", depth, 2)
     int_at_least("restarts", restarts, 1)
     int_at_least("steps", steps, 1)
+    int_at_least("tail", tail, 1)
     L = depth
     gen = torch.Generator().manual_seed(seed)
     if init is not None:
         if rank_one:
             raise FeaturelabError("init is only used by the projected-GD search (rank_one=False)")
         Ws = as_weights(init, X, batched=True)
-        dims = [X.shape[1]] + [W.shape[-2] for W in Ws]
-        if len(Ws) != L:
-            raise FeaturelabError(f"init has {len(Ws)} weight matrices but depth={depth}")
+        if len(Ws) != L or Ws[-1].shape[-2] != G.shape[1]:
+            raise FeaturelabError(f"init has {len(Ws)} weight matrices with d_out={Ws[-1].shape[-2]}; "
+                                  f"it needs depth={depth} and d_out = G's {G.shape[1]} columns")
         if Ws[0].ndim == 2:
             Ws = [W.expand(restarts, *W.shape).clone() for W in Ws]
         elif Ws[0].shape[0] != restarts:
             raise FeaturelabError(f"init has {Ws[0].shape[0]} restarts but restarts={restarts}")
     else:
-        dims = [X.shape[1], *_widths(width, L), None]
-    X, G = as_data(X, G, None)
-    dims[-1] = G.shape[1]
+        dims = [X.shape[1], *_widths(width, L), G.shape[1]]
     if rank_one:
         lr = positive("lr", 0.01 if lr is None else lr)
-        a = [torch.randn(restarts, n, generator=gen, dtype=torch.float64).requires_grad_(True) for n in dims[1:]]
-        b = [torch.randn(restarts, m, generator=gen, dtype=torch.float64).requires_grad_(True) for m in dims[:-1]]
+        a = [torch.randn(restarts, n, generator=gen, dtype=torch.float64).to(X.device).requires_grad_(True)
+             for n in dims[1:]]
+        b = [torch.randn(restarts, m, generator=gen, dtype=torch.float64).to(X.device).requires_grad_(True)
+             for m in dims[:-1]]
         opt = torch.optim.Adam(a + b, lr=lr)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: (1 + math.cos(math.pi * k / steps)) / 2)
-        trace = torch.empty(steps + 1, restarts, dtype=torch.float64)
+        trace = torch.empty(steps + 1, restarts, dtype=torch.float64, device=X.device)
         for k in range(steps + 1):
             Ws = [ai[:, :, None] * bi[:, None, :] for ai, bi in zip(a, b)]
             speed = _speed(Ws, X, G)
@@ -244,9 +247,10 @@ def find_escape_directions(X, G, depth: int, width, restarts: int = 50, steps: i
     else:
         lr = positive("lr", 0.05 if lr is None else lr)
         if init is None:
-            Ws = [torch.randn(restarts, n, m, generator=gen, dtype=torch.float64) for n, m in zip(dims[1:], dims[:-1])]
-        Ws = _to_sphere([W.detach() for W in Ws], L)
-        trace = torch.empty(steps + 1, restarts, dtype=torch.float64)
+            Ws = [torch.randn(restarts, n, m, generator=gen, dtype=torch.float64).to(X.device)
+                  for n, m in zip(dims[1:], dims[:-1])]
+        Ws = _to_sphere([W.detach().to(X.device) for W in Ws], L)
+        trace = torch.empty(steps + 1, restarts, dtype=torch.float64, device=X.device)
         for k in range(steps + 1):
             Ws = [W.requires_grad_(True) for W in Ws]
             l0 = _L0(Ws, X, G)
@@ -269,9 +273,8 @@ def find_escape_directions(X, G, depth: int, width, restarts: int = 50, steps: i
 def tail_ratio(M) -> float:
     """r(M) = Σ_{i>=2} s_i² / Σ_i s_i² = 1 - ‖M‖²_op/‖M‖²_F (THEORY.md Part 4 §3.2, over all nonzero
     singular values); 0 for a rank-one or zero matrix. Transpose-invariant."""
-    s = singular_values(M)
-    total = float((s**2).sum())
-    return float((s[1:] ** 2).sum()) / total if total > 0 else 0.0
+    sr = stable_rank(M)
+    return 1.0 - 1.0 / sr if sr > 0 else 0.0
 
 
 def layer_diagnostics(weights, X, top: int = 10) -> dict[str, list]:
@@ -337,10 +340,7 @@ def prop34_check(weights, X, G, p: float = 0.5) -> dict:
     if not s0 > 0:
         raise FeaturelabError(f"Prop 3.4 needs L0(θ) < 0 (speed > 0); this θ has speed {s0:.3g}")
     act = forward(Ws, X)[1]
-    lhs = 0.0
-    for a in act:
-        s = singular_values(a)
-        lhs += math.log(float((s**2).sum() / s[0] ** 2))
+    lhs = sum(math.log(stable_rank(a)) for a in act)
     rhs = 2 * math.log(float(torch.linalg.norm(X) * torch.linalg.norm(G)) / s0)
     threshold = rhs / (p * L)
     count = sum(tail_ratio(a) > threshold for a in act)

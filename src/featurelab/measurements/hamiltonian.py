@@ -49,7 +49,10 @@ def backward_variables(model: LeakyResNet, X, Y, lam: float) -> tuple[list[torch
     ``C = (1/N)‖Y − Ŷ‖²_F`` (the trainer's "mse") through layers l+1..L and ``V_out``, parameters fixed,
     by autograd on one float64 forward graph. X: ``N x d_in``, Y: ``N x d_out`` (rows are samples).
     """
-    m = _float64_copy(model)
+    return _backward(_float64_copy(model), X, Y, lam)
+
+
+def _backward(m: LeakyResNet, X, Y, lam: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     X, Y = _check_data(m, X, Y)
     positive("lam", lam)
     with torch.enable_grad():
@@ -138,7 +141,7 @@ def geodesic_diagnostics(model: LeakyResNet, X, Y, lam: float, gamma0: float = 1
     non_negative("gamma0", gamma0)
     one_of("gamma_mode", gamma_mode, GAMMA_MODES)
     one_of("pairing", pairing, PAIRINGS)
-    reps, Bs = backward_variables(m, X, Y, lam)
+    reps, Bs = _backward(m, X, Y, lam)
     Lt, rho, p = m.effective_depth, m.rho, m.positions
     W = m.W.detach()
     shift = 0 if pairing == "staggered" else 1

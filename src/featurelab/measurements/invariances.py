@@ -88,7 +88,7 @@ class Invariant:
         """Boolean mask of the entries conserved at the current activation pattern; `active[key]` is the
         per-unit mask "linear or z > 0 on all examples" (Theorem 1; Part 5 §8: z > 0)."""
         if self.kind != "matrix":
-            return torch.ones(self.P1(PARAM).shape, dtype=torch.bool)
+            return torch.ones(() if self.junction is None else self.junction.leak.shape, dtype=torch.bool)
         m = active[self.junction.key]
         return (m[:, None] & m[None, :]) | torch.eye(len(m), dtype=torch.bool)
 
@@ -101,6 +101,11 @@ class InvariantSet:
     items: list[Invariant]
     junctions: list[Junction]
     skipped: list[str] = field(default_factory=list)
+
+
+def gram(M: torch.Tensor) -> torch.Tensor:
+    """M Mᵀ."""
+    return M @ M.T
 
 
 def _sq(params) -> Callable[[Getter], torch.Tensor]:
@@ -182,7 +187,7 @@ def invariants(model) -> InvariantSet:
                                jn))
         if jn.full:
             items.append(Invariant(f"matrix {jn.name}", "matrix", "Theorem 1 (Part 5 §3)",
-                                   lambda get, jn=jn: jn.A(get).T @ jn.A(get), lambda get, jn=jn: jn.B(get) @ jn.B(get).T,
+                                   lambda get, jn=jn: gram(jn.A(get).T), lambda get, jn=jn: gram(jn.B(get)),
                                    jn))
         else:
             skipped.append(f"junction {jn.name}: matrix form skipped (units have different skip neighbours); "
@@ -273,10 +278,9 @@ def noninvariance_flow(model, X, Y, objective: str, stage: int) -> torch.Tensor:
     g, = torch.autograd.grad(f.sum(), fw.act[(stage, "out")])
     z = fw.pre[(stage, "out")].detach()
     s = torch.where(z > 0, torch.ones_like(z), a_stage.leak.to(z.dtype).expand_as(z))
-    r = r.reshape(-1, 1)
-    M1 = z.T @ (r * s * g)
-    M2 = g.T @ (r * s * z)
-    return (-(M1 + M1.T - M2 - M2.T)).double()
+    ds = s[:, None, :] - s[:, :, None]  # N x u x v: s_v - s_u
+    cross = g[:, None, :] * z[:, :, None] - g[:, :, None] * z[:, None, :]  # g_v z_u - g_u z_v
+    return -torch.einsum("i,iuv->uv", r.reshape(-1), ds * cross).double()
 
 
 class InvariantTracker:
@@ -368,6 +372,8 @@ class InvariantTracker:
             row[f"active:{key[0]}.{key[1]}"] = int(m.sum())
         row["sign_flips"], row["activation_flips"] = self.sign_flips, self.activation_flips
         self.sign_flips = self.activation_flips = 0
+        if self.directions[-1][0] == step:
+            self.directions.pop()
         self.directions.append((step, self._direction()))
 
     def summary(self) -> pd.DataFrame:

@@ -6,12 +6,19 @@ computed in float64 on a float64 copy of the stored parameters, with `torch.func
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch.func import functional_call, jacrev, vmap
 
 from ..checks import as_matrix, non_negative
 from ..errors import FeaturelabError
 from .ranks import numerical_rank
+
+
+def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy of `model` on the CPU with gradients off, for diagnostics (THEORY.md Part 0)."""
+    return copy.deepcopy(model).cpu().to(torch.float64).requires_grad_(False)
 
 
 def _float64_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -86,18 +93,14 @@ def ntk_trace_closed_form(model, x) -> torch.Tensor:
     if not hasattr(model, "weight_matrices") or not hasattr(model, "linear_tail"):
         raise FeaturelabError(f"ntk_trace_closed_form needs a featurelab MLP, got {type(model).__name__}")
     X, single = _inputs(x, model)
-    Ws = [W.detach().to(torch.float64) for W in model.weight_matrices()]
-    a, pre, act = X, [], [X]
-    for l, W in enumerate(model.weights, start=1):
-        z = model.with_bias(a) @ W.detach().to(torch.float64).T
-        pre.append(z)
-        if l < model.depth:
-            a = model.sigma(z, l)
-            act.append(a)
+    net = float64_copy(model)
+    Ws = net.weight_matrices()
+    fwd = net(X.cpu(), return_layers=True)
+    pre, act = fwd.pre, fwd.act
     L = model.depth
     d_out = Ws[-1].shape[0]
-    G = torch.eye(d_out, dtype=torch.float64, device=X.device).expand(X.shape[0], d_out, d_out)  # ∂f/∂α̃_L
-    total = ((act[L - 1] ** 2).sum(1) + model.bias**2) * (G**2).sum((1, 2))
+    G = torch.eye(d_out, dtype=torch.float64).expand(X.shape[0], d_out, d_out)  # ∂f/∂α̃_L
+    total = ((act[L - 1] ** 2).sum(1) + net.bias**2) * (G**2).sum((1, 2))
     for l in range(L - 1, 0, -1):  # hidden layer l: ∂f/∂α̃_l = ∂f/∂α̃_{l+1} W_{l+1} diag(σ'(α̃_l))
         z = pre[l - 1]
         if model.activation == "tanh" and l <= L - model.linear_tail:
@@ -107,5 +110,5 @@ def ntk_trace_closed_form(model, x) -> torch.Tensor:
         else:
             slope = torch.where(z > 0, torch.ones_like(z), torch.full_like(z, model.leak))
         G = (G @ Ws[l]) * slope[:, None, :]
-        total = total + ((act[l - 1] ** 2).sum(1) + model.bias**2) * (G**2).sum((1, 2))
+        total = total + ((act[l - 1] ** 2).sum(1) + net.bias**2) * (G**2).sum((1, 2))
     return total[0] if single else total

@@ -22,7 +22,7 @@ import torch
 from ..checks import as_matrix, int_at_least
 from ..errors import FeaturelabError
 from ..models.conv import Conv
-from ..models.residual import Dense, Flatten, ResBlock, as_homogeneous
+from ..models.residual import Dense, Flatten, as_homogeneous
 
 MAX_PATHS = 1000
 

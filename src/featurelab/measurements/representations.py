@@ -329,3 +329,24 @@ def weights_from_representations(model: MLP, X, Zs: list[torch.Tensor],
         if l < len(Zs):
             a = model.sigma(Z, l)
     return weights, violations
+
+
+def representation_descent(model: MLP, X, Y, lam: float, lr: float, steps: int,
+                           objective: str | None = None) -> tuple[MLP, list[float]]:
+    """Projected gradient descent on the representations as an optimizer (Part 3 §2, experimental).
+
+    Starts from ``Z(θ)`` of `model`, takes `steps` calls of `projected_gd_step`, and realizes the result
+    with the min-norm weights θ(Z). X: ``N x d_in``; Y: ``N x d_out`` or ``N`` labels (rows samples).
+    Returns the float64 `MLP` and L^rep after each step (``len == steps + 1``, the start included).
+    """
+    from .sparsity import mlp_with_weights
+
+    X, Y = check_inputs(model, X, Y)
+    Zs = layers(model, X).pre
+    history = [representation_loss(model, X, Y, lam, objective).loss]
+    for _ in range(steps):
+        Zs = projected_gd_step(model, X, Zs, Y, lam, lr, objective)
+        net = mlp_with_weights(model, weights_from_representations(model, X, Zs)[0])
+        history.append(representation_loss(net, X, Y, lam, objective).loss)
+    net = mlp_with_weights(model, weights_from_representations(model, X, Zs)[0])
+    return net, history

@@ -142,7 +142,12 @@ def null_space(R: torch.Tensor, rtol: float = NULL_RTOL) -> tuple[torch.Tensor, 
 
 def caratheodory_weights(null: torch.Tensor) -> torch.Tensor:
     """Carathéodory elimination (Part 3 §5b step 4): from a = 1, move along each null vector φ until one
-    coordinate hits 0; returns a >= 0 with ``Σ (a_i - 1) P_i = 0`` and at most n - k nonzeros."""
+    coordinate hits 0; returns a >= 0 with ``Σ (a_i - 1) P_i = 0`` and at most n - k nonzeros.
+
+    φ is signed so that its pivot, the entry with the largest |φ_i|/a_i, is positive: the step
+    t = min_{φ_i>0} a_i/φ_i is then at most a_pivot/|φ_pivot|, which keeps the error of an approximate
+    null vector from being amplified (partial pivoting; THEORY only asks for some positive entry).
+    """
     a = torch.ones(null.shape[0], dtype=torch.float64)
     Phi = null.clone()
     for j in range(Phi.shape[1]):
@@ -150,7 +155,8 @@ def caratheodory_weights(null: torch.Tensor) -> torch.Tensor:
         scale = phi.abs().max()
         if scale < 1e-12:
             continue
-        if not (phi > 1e-12 * scale).any():
+        pivot = int(torch.argmax(phi.abs() / a.clamp_min(1e-300)))
+        if phi[pivot] < 0:  # step toward the pivot: t <= a_pivot/|φ_pivot|, so errors are not amplified
             phi = -phi
         pos = phi > 1e-12 * scale
         ratio = torch.full_like(a, float("inf"))

@@ -47,6 +47,10 @@ def unfold_after_conv(W: torch.Tensor, channels: int) -> torch.Tensor:
 def leaky(z: torch.Tensor, leak: torch.Tensor, dim: int = 1) -> torch.Tensor:
     """Unit-wise σ(z) = z for z > 0, leak·z otherwise; `leak` has one entry per unit along `dim`
     (0 = ReLU, 1 = linear). σ'(0) = leak, as torch's ReLU."""
+    if bool((leak == 1.0).all()):
+        return z
+    if bool((leak == 0.0).all()):
+        return torch.relu(z)
     shape = [1] * z.ndim
     shape[dim] = -1
     return torch.where(z > 0, z, leak.view(shape).to(z.dtype) * z)

@@ -181,9 +181,9 @@ class LeakyResNet(nn.Module):
         A = X @ self.U_in.T if A0 is None else A0
         reps = [A]
         Lt = self.effective_depth
-        for l in range(self.depth):
+        for l, W_l in enumerate(self.W.unbind(0)):  # unbind: one backward, not L full-size select_backward
             r = rho[l].to(A.dtype)
-            A = (1 - r * Lt) * A + r * (self.sigma(A) @ self.W[l].T)
+            A = (1 - r * Lt) * A + r * (self.sigma(A) @ W_l.T)
             reps.append(A)
         return reps
 

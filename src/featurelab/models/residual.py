@@ -154,9 +154,13 @@ class HomogeneousNet(nn.Module):
         if not stages or not isinstance(stages[-1], Dense) or stages[-1].weight.shape[0] != 1 \
                 or float(stages[-1].leak[0]) != 1.0:
             raise FeaturelabError("stages must end with Dense(n, 1, leak=1.0): Part 5 networks have one linear output")
-        shape = tuple(input_shape) if input_shape is not None else stages[0].weight.shape[-1] \
-            if not isinstance(stages[0], Conv) else None
-        if shape is None:
+        if input_shape is not None:
+            shape = tuple(input_shape)
+        elif isinstance(stages[0], Dense):
+            shape = stages[0].weight.shape[1]
+        elif isinstance(stages[0], ResBlock):
+            shape = stages[0].a
+        else:
             raise FeaturelabError("input_shape=None is not allowed when the first stage is a Conv: give (c, H, W)")
         self.input_shape = shape if isinstance(shape, tuple) else None
         self.d_in = math.prod(shape) if isinstance(shape, tuple) else int(shape)

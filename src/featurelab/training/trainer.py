@@ -34,6 +34,7 @@ class Phase(BaseModel):
     schedule: "constant"; "cosine" from lr down to lr_min; "inverse_norm": lr/‖θ‖^p with p = norm_power
         (default depth - 2, THEORY.md Part 4 A3), floored at lr_min; sgd only.
     batch_size: None for full batch; else mini-batches from a per-epoch reshuffle.
+    drop_last: drop each epoch's last partial batch (default); False keeps it (Part 4 §6 digits preset).
     guard_window: > 0: every window, if the loss rose, restore the parameters and halve lr (Part 1 §5.2).
     adapt_every: > 0: call ``model.adapt_steps(X_train)`` every k steps for the first `adapt_stop`
         fraction of this phase (adaptive Leaky-ResNet steps, Part 1 §2.3).
@@ -48,6 +49,7 @@ class Phase(BaseModel):
     lr_min: float = Field(0.0, ge=0)
     norm_power: float | None = None
     batch_size: int | None = Field(None, ge=1)
+    drop_last: bool = True
     momentum: float = Field(0.0, ge=0, lt=1)
     guard_window: int = Field(0, ge=0)
     adapt_every: int = Field(0, ge=0)
@@ -113,11 +115,12 @@ def _optimizer(phase: Phase, params: list[torch.nn.Parameter]) -> torch.optim.Op
     return torch.optim.LBFGS(params, lr=phase.lr, max_iter=1, history_size=50, line_search_fn="strong_wolfe")
 
 
-def _batches(n: int, batch_size: int | None, seed: int, step: int, device) -> torch.Tensor | None:
-    """Indices of the mini-batch of global `step` (epoch permutations are seeded by (seed, epoch))."""
+def _batches(n: int, batch_size: int | None, seed: int, step: int, device, drop_last: bool = True) -> torch.Tensor | None:
+    """Indices of the mini-batch of global `step` (epoch permutations are seeded by (seed, epoch));
+    ``drop_last=False`` keeps each epoch's last, smaller batch (as torch's DataLoader does)."""
     if batch_size is None or batch_size >= n:
         return None
-    per_epoch = n // batch_size
+    per_epoch = n // batch_size if drop_last else -(-n // batch_size)
     epoch, pos = divmod(step, per_epoch)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
     return perm[pos * batch_size:(pos + 1) * batch_size].to(device)
@@ -227,7 +230,7 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
                     lr = lr * state["lr_scale"]
                 for g in opt.param_groups:
                     g["lr"] = lr
-                idx = _batches(len(data_dev.X_train), phase.batch_size, config.seed, step, dev)
+                idx = _batches(len(data_dev.X_train), phase.batch_size, config.seed, step, dev, phase.drop_last)
                 X = data_dev.X_train if idx is None else data_dev.X_train[idx]
                 Y = data_dev.Y_train if idx is None else data_dev.Y_train[idx]
 

@@ -1,0 +1,107 @@
+"""THEORY.md Part 2 §5, checkable facts 10 and 12: the symmetry task's exact summary statistics and
+Jacobian rank, and (slow) the symmetry-learning quick preset; plus the BN-rank-2 task's construction."""
+import numpy as np
+import pytest
+import torch
+from torch.func import jacrev
+
+from featurelab import (FeaturelabError, bn_rank_two_task, run_experiment, symmetry_gd, symmetry_summary,
+                        symmetry_task)
+
+
+def unit(d, gen):
+    u = torch.randn(d, generator=gen, dtype=torch.float64)
+    return u / u.norm()
+
+
+# ---------------------------------------------------------------------------- fact 10
+def test_summary_recursion_equals_full_gd(gen):
+    d, eta, T = 10, 0.05, 30
+    u = unit(d, gen)
+    W0 = 0.35 * torch.randn(50, d, generator=gen, dtype=torch.float64)  # ‖w‖² ≈ 1.2: GD is stable
+    traj, costs = symmetry_gd(W0, u, torch.zeros(d, d, dtype=torch.float64), eta, T)
+    m0 = W0 @ u
+    r0 = (W0 - m0[:, None] * u).norm(dim=1)
+    m, r, C = symmetry_summary(m0.numpy(), r0.numpy(), eta, T)
+    m_gd = (traj @ u).numpy()
+    r_gd = (traj - (traj @ u)[..., None] * u).norm(dim=2).numpy()
+    assert np.abs(m - m_gd).max() < 1e-10
+    assert np.abs(r - r_gd).max() < 1e-10
+    assert np.abs(C - costs.numpy()).max() < 1e-10
+
+
+def test_gd_step_is_the_gradient_step(gen):
+    """One step of `symmetry_gd` is w − η∇C(w) with ∇C from autograd (E symmetric, nonzero)."""
+    d, eta = 6, 0.03
+    u = unit(d, gen)
+    G = torch.randn(d, d, generator=gen, dtype=torch.float64)
+    E = 0.1 * (G + G.T)
+    w = torch.randn(d, generator=gen, dtype=torch.float64)
+    cost = lambda v: ((torch.outer(v, v) - torch.outer(u, u) - E) ** 2).sum()
+    traj, costs = symmetry_gd(w[None], u, E, eta, 1)
+    assert torch.allclose(traj[0, 1], w - eta * jacrev(cost)(w), atol=1e-13)
+    assert float(costs[0, 0]) == pytest.approx(float(cost(w)), rel=1e-13)
+
+
+def test_loss_curve_has_jacobian_rank_two(gen):
+    d, T, eta = 10, 10, 0.05
+    u = unit(d, gen)
+
+    def curve(w):  # the E = 0 target map w0 -> (C(w_1), ..., C(w_T)), written out for autograd
+        out = []
+        for _ in range(T):
+            w = w - 4 * eta * ((w @ w) * w - (u @ w) * u)
+            out.append((w @ w) ** 2 - 2 * (u @ w) ** 2 + 1)
+        return torch.stack(out)
+
+    for _ in range(20):
+        m0 = float(torch.rand(1, generator=gen)) * 2.4 - 1.2
+        v = torch.randn(d, generator=gen, dtype=torch.float64)
+        v = v - (v @ u) * u
+        w0 = m0 * u + (0.05 + 1.15 * float(torch.rand(1, generator=gen))) * v / v.norm()
+        # the written-out map agrees with symmetry_gd
+        assert torch.allclose(curve(w0), symmetry_gd(w0[None], u, torch.zeros(d, d, dtype=torch.float64), eta, T)[1][0, 1:],
+                              rtol=1e-12)
+        s = torch.linalg.svdvals(jacrev(curve)(w0))
+        assert float(s[2] / s[0]) < 1e-10
+        assert float(s[1] / s[0]) > 1e-3
+
+
+def test_symmetry_task_targets_depend_on_abs_m_and_r_only():
+    data = symmetry_task(d=8, T=6, eps=0.0, n_train=64, n_test=0)
+    u = torch.tensor(data.meta["u"], dtype=torch.float64)
+    X = data.X_train
+    flip = X - 2 * (X @ u)[:, None] * u  # (I − 2uuᵀ) w: m -> −m
+    m = X @ u
+    _, _, C = symmetry_summary(m.numpy(), (X - m[:, None] * u).norm(dim=1).numpy(), 0.05, 6)
+    assert np.allclose(C[:, 1:] / data.meta["target_scale"], data.Y_train.numpy(), rtol=1e-12)
+    _, C_flip = symmetry_gd(flip, u, torch.zeros(8, 8, dtype=torch.float64), 0.05, 6)
+    assert torch.allclose(C_flip[:, 1:] / data.meta["target_scale"], data.Y_train, rtol=1e-12)
+    assert float(data.Y_train.std()) == pytest.approx(1.0, rel=0.05)
+
+
+def test_bn_rank_two_task_is_centred_unit_scale_and_two_dimensional():
+    data = bn_rank_two_task(d=10, n_train=300, n_test=100)
+    X = torch.cat([data.X_train, data.X_test])
+    Y = torch.cat([data.Y_train, data.Y_test])
+    for M in (X, Y):
+        assert torch.allclose(M.mean(0), torch.zeros(10, dtype=torch.float64), atol=1e-12)
+        assert float((M**2).sum(1).mean()) == pytest.approx(1.0, rel=1e-12)
+    assert data.meta["bottleneck_rank"] == 2
+
+
+def test_bad_task_input():
+    with pytest.raises(FeaturelabError, match="u must have length 3"):
+        symmetry_gd(torch.zeros(2, 3), torch.ones(4), torch.zeros(3, 3), 0.1, 2)
+    with pytest.raises(FeaturelabError, match="eta"):
+        symmetry_task(eta=-1.0)
+    with pytest.raises(FeaturelabError, match="one \\(m, r\\) per sample"):
+        symmetry_summary([0.1, 0.2], [0.3], 0.05, 2)
+
+
+# ---------------------------------------------------------------------------- fact 12
+@pytest.mark.slow
+def test_symmetry_learning_quick_preset_meets_checks_1_to_3(tmp_path):
+    record = run_experiment("symmetry-learning", "quick", out=tmp_path / "run", workers=1)
+    claims = [c for c in record.claims if "check" in c["statement"]]
+    assert len(claims) == 4 and all(c["passed"] for c in claims), [(c["statement"], c["measured"]) for c in claims]

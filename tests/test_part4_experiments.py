@@ -1,0 +1,59 @@
+"""THEORY.md Part 4 §7: the experiments' analyses, and the slow digits reproduction."""
+import math
+
+import pytest
+
+from featurelab.experiments.saddle_digits import Config, cross_entropy_gradient, seed_checks
+from featurelab.runs import run_experiment
+
+
+def test_cross_entropy_gradient_is_grad_at_zero():
+    """G = ∇_Y C(0) of mean cross-entropy equals autograd's gradient at zero outputs."""
+    import torch
+    y = torch.tensor([0, 2, 1, 2, 2])
+    out = torch.zeros(5, 3, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.cross_entropy(out, y).backward()
+    assert torch.allclose(out.grad, cross_entropy_gradient(y, 3), atol=1e-15)
+
+
+def test_escape_circle_tiny_runs_and_reports_example1(tmp_path):
+    rec = run_experiment("escape-circle", "tiny", out=tmp_path / "ec", workers=1)
+    first = rec.claims[0]
+    assert "S(φ) peaks" in first["statement"] and first["passed"]  # closed form: independent of the budget
+    best = max(rec.summary["success_fraction"].values())
+    assert 0 <= best <= 1 and rec.summary["best_speed"] <= 0.5 + 1e-6
+
+
+def test_seed_checks_read_the_plateaus():
+    cfg = Config()
+    rw_second = [0.3, 0.07, 0.07, 0.07, 0.07, 0.008]
+    res = {"plateaus": [
+        {"start": 0, "end": 12000, "mid": 6000, "length": 12000, "level": math.log(10), "escape": 12250,
+         "r_W": [0.9] * 6},
+        {"start": 13000, "end": 36000, "mid": 24500, "length": 23000, "level": 1.8, "escape": 36250,
+         "r_W": rw_second}],
+        "final_loss": 0.01, "final_s2_s1": [0.9, 0.8, 0.5, 0.4, 0.2, 0.3]}
+    c = seed_checks(cfg, res)
+    assert c["two_plateaus_first_ln10"] and c["second_plateau"] and c["deep_rank_one"]
+    assert c["first_layer_less_rank_one"] and c["final_loss_ok"] and c["second_sv_grows"]
+    res["plateaus"][1]["r_W"] = [0.05] + rw_second[1:]
+    assert not seed_checks(cfg, res)["first_layer_less_rank_one"]
+
+
+def test_minibatches_keep_the_last_partial_batch():
+    """drop_last=False (the digits preset): each epoch of ceil(n/b) batches covers every sample once."""
+    import torch
+    from featurelab.training.trainer import _batches
+    for epoch in range(3):
+        idx = [_batches(10, 4, 7, epoch * 3 + k, "cpu", drop_last=False) for k in range(3)]
+        assert [len(i) for i in idx] == [4, 4, 2]
+        assert torch.equal(torch.sort(torch.cat(idx)).values, torch.arange(10))
+    assert len(_batches(10, 4, 7, 2, "cpu")) == 4  # default drops the remainder: epoch of 2 batches
+
+
+@pytest.mark.slow
+def test_digits_quick_reproduces_saddle_to_saddle(tmp_path):
+    """§7 'digits quick': >= 2 of 3 seeds pass each check of the saddle-to-saddle picture."""
+    rec = run_experiment("saddle-digits", "quick", out=tmp_path / "sd", workers=2)
+    failed = [c["statement"] + ": " + c["measured"] for c in rec.claims if not c["passed"]]
+    assert not failed, failed
