@@ -71,18 +71,21 @@ def test_cosine_and_inverse_norm_schedules():
     k = np.array([9, 19, 29, 39])  # the lr used by the step that ends at the log step
     np.testing.assert_allclose(lrs, 1e-4 + (1e-2 - 1e-4) * 0.5 * (1 + np.cos(np.pi * k / 40)), rtol=1e-12)
 
+    # inverse_norm (Part 4 A3): one plain GD step with lr = c/‖θ‖^{L-2}, recomputed independently
     model = fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64)
-    seen = []
-    rule = fl.Phase(optimizer="sgd", steps=10, lr=0.5, schedule="inverse_norm", lr_min=0.0)
-
-    class Spy:
-        def on_step(self, step, model, optimizer, loss):
-            seen.append(float(optimizer.param_groups[0]["lr"]))
-
-    norm0 = fl.training.param_norm(model).item()
-    fl.train(model, data, fl.TrainConfig(objective="mse", phases=[rule], log_every=5), callbacks=[Spy()],
-             progress=False)
-    assert seen[0] == pytest.approx(0.5 / norm0**3, rel=1e-12)  # L = 5: lr = c/‖θ‖^{L-2}
+    theta0 = [p.detach().clone() for p in model.parameters()]
+    ref = fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64)
+    grads = torch.autograd.grad(data_cost("mse", ref(data.X_train), data.Y_train), list(ref.parameters()))
+    lr0 = 0.5 / torch.sqrt(sum((t**2).sum() for t in theta0)) ** 3  # L = 5
+    rule = fl.Phase(optimizer="sgd", steps=1, lr=0.5, schedule="inverse_norm")
+    fl.train(model, data, fl.TrainConfig(objective="mse", phases=[rule], log_every=1), progress=False)
+    for p, t0, g in zip(model.parameters(), theta0, grads):
+        torch.testing.assert_close(p.detach(), t0 - lr0 * g, rtol=1e-12, atol=1e-15)
+    floored = fl.Phase(optimizer="sgd", steps=1, lr=0.5, schedule="inverse_norm", lr_min=100.0)
+    other = fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64)
+    fl.train(other, data, fl.TrainConfig(objective="mse", phases=[floored], log_every=1), progress=False)
+    for p, t0, g in zip(other.parameters(), theta0, grads):
+        torch.testing.assert_close(p.detach(), t0 - 100.0 * g, rtol=1e-12, atol=1e-15)
 
 
 def test_save_and_load_model_round_trip(tmp_path):

@@ -11,6 +11,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -58,8 +59,8 @@ class Phase(BaseModel):
 
     @model_validator(mode="after")
     def _check(self):
-        if self.schedule == "inverse_norm" and self.optimizer != "sgd":
-            raise ValueError("schedule 'inverse_norm' needs optimizer 'sgd'")
+        if self.schedule == "inverse_norm" and (self.optimizer != "sgd" or self.momentum):
+            raise ValueError("schedule 'inverse_norm' needs optimizer 'sgd' without momentum")
         return self
 
 
@@ -115,15 +116,21 @@ def _optimizer(phase: Phase, params: list[torch.nn.Parameter]) -> torch.optim.Op
     return torch.optim.LBFGS(params, lr=phase.lr, max_iter=1, history_size=50, line_search_fn="strong_wolfe")
 
 
+@lru_cache(maxsize=16)
+def _epoch_permutation(n: int, seed: int, epoch: int, device: torch.device) -> torch.Tensor:
+    """The sample order of one epoch, drawn on the CPU from (seed, epoch) and moved to `device` once."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).to(device)
+
+
 def _batches(n: int, batch_size: int | None, seed: int, step: int, device, drop_last: bool = True) -> torch.Tensor | None:
     """Indices of the mini-batch of global `step` (epoch permutations are seeded by (seed, epoch));
-    ``drop_last=False`` keeps each epoch's last, smaller batch (as torch's DataLoader does)."""
+    ``drop_last=False`` keeps each epoch's last, smaller batch (as torch's DataLoader does). Slicing the
+    cached device permutation makes no host-device copy per step."""
     if batch_size is None or batch_size >= n:
         return None
     per_epoch = n // batch_size if drop_last else -(-n // batch_size)
     epoch, pos = divmod(step, per_epoch)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-    return perm[pos * batch_size:(pos + 1) * batch_size].to(device)
+    return _epoch_permutation(n, seed, epoch, torch.device(device))[pos * batch_size:(pos + 1) * batch_size]
 
 
 @torch.no_grad()
@@ -228,8 +235,10 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
                 lr = lr_rule(k, phase, model) if lr_rule is not None else _lr(phase, k, model)
                 if isinstance(lr, torch.Tensor) or state["lr_scale"] != 1.0:
                     lr = lr * state["lr_scale"]
-                for g in opt.param_groups:
-                    g["lr"] = lr
+                tensor_lr = isinstance(lr, torch.Tensor)  # inverse_norm: stays on the device, no sync
+                if not tensor_lr:
+                    for g in opt.param_groups:
+                        g["lr"] = lr
                 idx = _batches(len(data_dev.X_train), phase.batch_size, config.seed, step, dev, phase.drop_last)
                 X = data_dev.X_train if idx is None else data_dev.X_train[idx]
                 Y = data_dev.Y_train if idx is None else data_dev.Y_train[idx]
@@ -244,7 +253,13 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
 
                 if phase.guard_window and snapshot is None:
                     snapshot = (float(closure().detach()), [p.detach().clone() for p in params])
-                loss = opt.step(closure)
+                if tensor_lr:  # plain SGD step θ ← θ − lr·∇ with a device-resident lr
+                    loss = closure()
+                    with torch.no_grad():
+                        for p in params:
+                            p.sub_(lr * p.grad)
+                else:
+                    loss = opt.step(closure)
                 if phase.guard_window and (k + 1) % phase.guard_window == 0:
                     with torch.no_grad():
                         cur = float(data_cost(config.objective, model(X), Y) +
