@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	else \
 	  $(PY) -m pip install -q "torch==2.13.0"; \
 	fi
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)

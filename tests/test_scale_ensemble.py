@@ -108,3 +108,17 @@ def test_diverging_member_fails_alone():
     train(reference, DATA, configs[0])
     assert isinstance(bad, FeaturelabError) and "diverged" in str(bad)
     assert max_difference([reference], members[:1]) < 1e-10 and not isinstance(ok, Exception)
+
+
+def test_guard_restores_and_halves_per_member():
+    """The loss guard (Part 1 §5.2) acts on each member alone: members whose loss rose over a window are
+    restored, get half the lr and a fresh optimizer; the calm member goes on untouched."""
+    configs = [TrainConfig(log_every=5, phases=[
+        Phase(optimizer="sgd", steps=30, lr=lr, momentum=0.9, guard_window=5),
+        Phase(optimizer="adam", steps=30, lr=lr / 5, guard_window=5)]) for lr in (0.05, 0.6, 1.5)]
+    make = lambda i: MLP(5, 5, 10, 3, leak=1.0, seed=1, dtype=torch.float64)
+    histories = [train(make(i), DATA, c).history for i, c in enumerate(configs)]
+    halved = [bool((h["lr"][(h["phase"] == 0) & (h["step"] > 0)] < c.phases[0].lr).any())
+              for h, c in zip(histories, configs)]
+    assert halved == [False, True, True]  # the test exercises both branches of the guard
+    compare(make, configs, [DATA] * 3, 1e-10)

@@ -97,3 +97,20 @@ def test_failed_unit_is_reported_then_resumed_from_its_checkpoint(tmp_path):
     reference = tmp_path / "reference"
     run_experiment(SEEDS.name, out=reference, workers=1, progress=False, batch=False)
     assert max_weight_difference(run, reference) < 1e-10
+
+
+def test_bad_backend_and_missing_ray_are_one_line_errors(tmp_path, monkeypatch):
+    import sys
+
+    from featurelab import FeaturelabError, run_bench
+    from featurelab.runs import ray_backend
+
+    with pytest.raises(FeaturelabError, match="backend='spark' is not allowed; choose one of: local, ray"):
+        run_experiment(SEEDS.name, out=tmp_path / "a", backend="spark")
+    with pytest.raises(FeaturelabError, match="retries=-1 is not allowed"):
+        run_experiment(SEEDS.name, out=tmp_path / "b", retries=-1)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
+    with pytest.raises(FeaturelabError, match=r'needs the optional Ray extra: pip install "featurelab\[ray\]"'):
+        ray_backend.connect()
+    with pytest.raises(FeaturelabError, match="only='x' is not allowed"):
+        run_bench(only=["x"], out=tmp_path / "bench.json")

@@ -39,7 +39,9 @@ def _cmd_run(args) -> int:
 
 def _cmd_bench(args) -> int:
     from .bench import run_bench
+    from .runtime import set_threads
 
+    set_threads(args.threads)
     run_bench(only=args.only.split(",") if args.only else None,
               experiments=args.experiments.split(",") if args.experiments else None,
               out=args.out, device=args.device)
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--experiments", default=None, help="comma-separated experiments for (e) (default all)")
     b.add_argument("--out", default="bench.json", help="JSON file for the results (default bench.json)")
     b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    b.add_argument("--threads", type=int, default=1, help="torch threads for (a)-(d) (default 1, as sweep workers)")
     b.set_defaults(func=_cmd_bench)
     rep = sub.add_parser("report", help="rebuild report.html of a finished run folder")
     rep.add_argument("run_dir")

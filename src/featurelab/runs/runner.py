@@ -17,7 +17,7 @@ from .claims import claim
 from .figures import save_figure
 from .io import read_yaml, write_json, write_text, write_yaml
 from .report import render_report
-from .sweep import run_units
+from .sweep import check_backend, run_units
 
 
 @dataclass
@@ -74,6 +74,7 @@ def run_experiment(name: str, preset: str = "quick", overrides: dict | None = No
     """
     exp, cfg = resolve_config(name, preset, overrides, seed)
     dev = str(resolve_device(device))
+    check_backend(backend, retries)
     run = Path(out) if out is not None else Path("runs") / f"{name}-{preset}"
     cfg_dict = cfg.model_dump(mode="json")
     stored = run / "config.yaml"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -99,7 +100,9 @@ def execute_ensemble(exp, cfg_dict: dict, units: list[dict], folders: list[str],
         jobs = [exp.build(cfg, u) for u in units]
         trained = train_ensemble([j.model for j in jobs], [j.data for j in jobs], [j.config for j in jobs],
                                  device=device, run_dirs=paths, progress=progress)
-    except Exception:  # not batchable after all: one by one, from scratch
+    except Exception:  # not batchable after all: one by one, from scratch (the reason kept in each folder)
+        for p in paths:
+            write_text(p / "ensemble_fallback.txt", traceback.format_exc())
         return [execute_unit(exp, cfg_dict, u, f, device, False, threads, progress) for u, f in zip(units, folders)]
     seconds = time.perf_counter() - t0
     out = []
@@ -125,6 +128,14 @@ def execute_item(exp, cfg_dict: dict, units: list[dict], folders: list[str], dev
     return execute_ensemble(exp, cfg_dict, units, folders, device, threads, progress)
 
 
+def check_backend(backend: str, retries: int) -> None:
+    """A one-line error unless `backend` is one of `BACKENDS` and `retries` >= 0."""
+    if backend not in BACKENDS:
+        raise FeaturelabError(f"backend={backend!r} is not allowed; choose one of: {', '.join(BACKENDS)}")
+    if not isinstance(retries, int) or retries < 0:
+        raise FeaturelabError(f"retries={retries!r} is not allowed; it must be an integer >= 0")
+
+
 def finished(run_dir: Path, unit_id: str) -> dict | None:
     """The stored result of a finished unit, or None."""
     path = unit_dir(run_dir, unit_id) / "result.json"
@@ -135,7 +146,8 @@ def plan(exp, cfg_dict: dict, pending: list[dict], run_dir: Path, *, batch: bool
     """Work items: lists of units, one unit each, or several fresh units of equal `ensemble_key`.
 
     A group is cut into near-equal ensembles so that there are about `workers` items in all (each
-    worker then trains one ensemble). Units with a checkpoint (an interrupted run) stay single."""
+    worker then trains one ensemble; the sweep passes workers=1 on a GPU, so a group stays whole).
+    Units with a checkpoint (an interrupted run) or whose build fails stay single."""
     if not batch or exp.build is None or len(pending) < 2:
         return [[u] for u in pending]
     from ..training.ensemble import ensemble_key
@@ -146,8 +158,11 @@ def plan(exp, cfg_dict: dict, pending: list[dict], run_dir: Path, *, batch: bool
     for u in pending:
         key = None
         if not (unit_dir(run_dir, u["id"]) / "checkpoint.safetensors").exists():
-            job = exp.build(cfg, u)
-            key = ensemble_key(job.model, job.data, job.config)
+            try:
+                job = exp.build(cfg, u)
+                key = ensemble_key(job.model, job.data, job.config)
+            except Exception:  # the unit runs alone and reports its own error
+                key = None
         if key is None:
             singles.append([u])
         else:
@@ -175,10 +190,7 @@ def run_units(exp_name: str, cfg_dict: dict, units: list[dict], run_dir: Path, *
     """
     from ..experiments import get_experiment
 
-    if backend not in BACKENDS:
-        raise FeaturelabError(f"backend={backend!r} is not allowed; choose one of: {', '.join(BACKENDS)}")
-    if retries < 0:
-        raise FeaturelabError(f"retries={retries!r} is not allowed; it must be an integer >= 0")
+    check_backend(backend, retries)
     exp = get_experiment(exp_name)
     outcome = SweepOutcome()
     pending = []
@@ -192,9 +204,10 @@ def run_units(exp_name: str, cfg_dict: dict, units: list[dict], run_dir: Path, *
     if not pending:
         return outcome
     n_workers = workers or os.cpu_count() or 1
-    items = plan(exp, cfg_dict, pending, run_dir, batch=batch, workers=n_workers)
+    # on a GPU one large ensemble beats several processes sharing the device; on CPUs, one per worker
+    items = plan(exp, cfg_dict, pending, run_dir, batch=batch, workers=1 if device.startswith("cuda") else n_workers)
     outcome.ensembles = [len(it) for it in items if len(it) > 1]
-    show = progress if progress is not None else False
+    show = sys.stderr.isatty() if progress is None else progress  # bars on a terminal, quiet in logs
     args = [(exp, cfg_dict, it, [str(unit_dir(run_dir, u["id"])) for u in it], device, resume, threads)
             for it in items]
 

@@ -211,11 +211,9 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
         m.to(dev)
     cfg0 = cfgs[0]
     stack = _Stack(models)
-    floats = {k: v for k, v in _float_attrs(models[0]).items()
-              if any(_float_attrs(m)[k] != v for m in models[1:])}
-    float_names = list(floats)
-    float_values = [torch.tensor([_float_attrs(m)[k] for m in models], dtype=torch.float64, device=dev)
-                    for k in float_names]
+    attrs = [_float_attrs(m) for m in models]
+    float_names = [k for k, v in attrs[0].items() if any(a[k] != v for a in attrs[1:])]  # e.g. L̃
+    float_values = [torch.tensor([a[k] for a in attrs], dtype=torch.float64, device=dev) for k in float_names]
     objective = _Objective(models[0], cfg0.objective, float_names)
     lams = torch.tensor([c.lam for c in cfgs], dtype=torch.float64, device=dev)
     shared_data = all(_same_data(d, datas[0]) for d in datas[1:])
@@ -266,16 +264,30 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
             if dirs[i] is None or errors[i] is not None:
                 continue
             opt = None
-            if phase is not None and opt_state:
-                opt = _torch_optimizer(phase, cfgs[i].phases, m, stack, opt_state, i)
+            if phase is not None:
+                opt = _torch_optimizer(phase, m, opt_state, i)
             info = {"step": step, "done": finished, "history": rows[i], "lr_scale": float(lr_scale[i]),
                     "dtype": str(stack.dtype).replace("torch.", ""), "rho_history": getattr(m, "rho_history", [])}
             save_checkpoint(dirs[i], m, opt, info)
 
+    def schedule(phase, k, lr0, lr_min):
+        """Per-member lr of step k of `phase` (trainer._lr, vectorised), before the guard's scaling."""
+        if phase.schedule == "constant":
+            return lr0
+        if phase.schedule == "cosine":
+            return lr_min + (lr0 - lr_min) * 0.5 * (1 + math.cos(math.pi * k / max(phase.steps, 1)))
+        power = phase.norm_power if phase.norm_power is not None else getattr(models[0], "depth", 2) - 2
+        sq = sum((p.detach() ** 2).flatten(1).sum(1) for p in stack.params.values())
+        return torch.clamp(lr0 / torch.sqrt(sq).double() ** power, min=lr_min)
+
+    def member_rates(phase_idx):
+        phases = [c.phases[phase_idx] for c in cfgs]
+        return (torch.tensor([p.lr for p in phases], dtype=torch.float64, device=dev),
+                torch.tensor([p.lr_min for p in phases], dtype=torch.float64, device=dev))
+
     total = sum(p.steps for p in cfg0.phases)
     ds, X, Y = data_on(stack.dtype)
-    with torch.no_grad():
-        log(0, 0, None, ds)
+    log(0, 0, schedule(cfg0.phases[0], 0, *member_rates(0)).cpu() if cfg0.phases else None, ds)
     bar = tqdm(total=total, disable=not (sys.stderr.isatty() if progress is None else progress), leave=False,
                desc=f"ensemble of {M}")
     offset = 0
@@ -285,22 +297,12 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
                 m.to(getattr(torch, phase.dtype))
             stack.build()
             ds, X, Y = data_on(stack.dtype)
-        member_phases = [c.phases[phase_idx] for c in cfgs]
-        lr0 = torch.tensor([p.lr for p in member_phases], dtype=torch.float64, device=dev)
-        lr_min = torch.tensor([p.lr_min for p in member_phases], dtype=torch.float64, device=dev)
-        opt_state: dict[str, dict[str, torch.Tensor]] = {}
-        snapshot = None  # (loss (M,), params dict, have (M,) bool)
+        lr0, lr_min = member_rates(phase_idx)
+        opt_state = {"count": torch.zeros(M, dtype=torch.int64, device=dev)}  # steps since (re)start, per member
+        snapshot = None  # the guard's (loss (M,), parameters) at the start of its window
         for k in range(phase.steps):
             step = offset + k
-            if phase.schedule == "constant":
-                lr = lr0
-            elif phase.schedule == "cosine":
-                lr = lr_min + (lr0 - lr_min) * 0.5 * (1 + math.cos(math.pi * k / max(phase.steps, 1)))
-            else:  # inverse_norm: lr/‖θ‖^p floored at lr_min (trainer._lr)
-                power = phase.norm_power if phase.norm_power is not None else getattr(models[0], "depth", 2) - 2
-                sq = sum((p.detach().double() ** 2).flatten(1).sum(1) for p in stack.params.values())
-                lr = torch.maximum(lr0 / torch.sqrt(sq) ** power, lr_min)
-            lr = lr * lr_scale
+            lr = schedule(phase, k, lr0, lr_min) * lr_scale
             idx = None
             if phase.batch_size is not None and phase.batch_size < X.shape[-2]:
                 n = X.shape[-2]
@@ -308,42 +310,37 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
                     idx = _batches(n, phase.batch_size, cfg0.seed, step, dev)  # one batch for all: (B,)
                 else:
                     idx = torch.stack([_batches(n, phase.batch_size, c.seed, step, dev) for c in cfgs])  # (M, B)
-            if phase.guard_window and k % phase.guard_window == 0:  # trainer's guard, per member
+            if phase.guard_window and snapshot is None:
                 with torch.no_grad():
-                    cost, pen = losses(X, Y, idx)
-                    cur = cost + pen
-                    current = {n_: p.detach().clone() for n_, p in stack.params.items()}
-                    if snapshot is None:
-                        snapshot = (cur, current)
-                    else:
-                        rise = cur > snapshot[0]
-                        for n_, p in stack.params.items():
-                            mask = rise.reshape(-1, *([1] * (p.dim() - 1)))
-                            p.copy_(torch.where(mask, snapshot[1][n_], p))
-                            current[n_] = torch.where(mask, snapshot[1][n_], current[n_])
-                        lr_scale = torch.where(rise, lr_scale * 0.5, lr_scale)
-                        snapshot = (torch.where(rise, snapshot[0], cur), current)
+                    snapshot = (sum(losses(X, Y, idx)), {n_: p.detach().clone() for n_, p in stack.params.items()})
             for p in stack.params.values():
                 p.grad = None
-            cost, pen = losses(X, Y, idx)
-            loss = cost + pen
-            loss.sum().backward()
+            sum(losses(X, Y, idx)).sum().backward()
             with torch.no_grad():
-                _update(phase, stack, opt_state, lr, step_in_phase=k + 1)
+                _update(phase, stack, opt_state, lr)
+            if phase.guard_window and (k + 1) % phase.guard_window == 0:  # trainer's guard, per member
+                with torch.no_grad():
+                    cur = sum(losses(X, Y, idx))
+                    bad = ~(cur <= snapshot[0])  # the loss rose over the window (or is NaN)
+                    for n_, p in stack.params.items():
+                        mask = bad.reshape(-1, *([1] * (p.dim() - 1)))
+                        p.copy_(torch.where(mask, snapshot[1][n_], p))
+                        snapshot[1][n_] = p.detach().clone()
+                    lr_scale = torch.where(bad, lr_scale * 0.5, lr_scale)
+                    opt_state["count"] = torch.where(bad, 0, opt_state["count"])  # a fresh optimizer for them
+                    snapshot = (torch.where(bad, snapshot[0], cur), snapshot[1])
             if (phase.adapt_every and hasattr(models[0], "adapt_steps") and (k + 1) % phase.adapt_every == 0
                     and k + 1 < phase.adapt_stop * phase.steps):
                 for i, m in enumerate(models):
                     m.adapt_steps(ds[i].X_train)
             bar.update(1)
             if (step + 1) % cfg0.log_every == 0 or step + 1 == total:
-                values = loss.detach().double().cpu()  # the only synchronisation: at log steps
-                for i, v in enumerate(values.tolist()):
-                    if errors[i] is None and not math.isfinite(v):
+                log(step + 1, phase_idx, lr.cpu(), ds)  # the only host-device synchronisation
+                for i in range(M):
+                    if errors[i] is None and not math.isfinite(rows[i][-1]["loss"]):
                         errors[i] = FeaturelabError(
-                            f"training diverged at step {step + 1} (loss {v}); lower the learning rate "
-                            f"(phase {phase_idx}: lr={member_phases[i].lr})")
-                with torch.no_grad():
-                    log(step + 1, phase_idx, lr.cpu(), ds)
+                            f"training diverged at step {step + 1} (loss {rows[i][-1]['loss']}); lower the learning "
+                            f"rate (phase {phase_idx}: lr={cfgs[i].phases[phase_idx].lr}) or set guard_window")
             if cfg0.checkpoint_every and (step + 1) % cfg0.checkpoint_every == 0:
                 checkpoint(step + 1, False, phase, opt_state)
         offset += phase.steps
@@ -363,44 +360,49 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
     return out
 
 
-def _update(phase, stack: _Stack, state: dict, lr: torch.Tensor, step_in_phase: int) -> None:
-    """One optimizer step on the stacked parameters, with torch.optim's formulas and per-member lr."""
+def _update(phase, stack: _Stack, state: dict, lr: torch.Tensor) -> None:
+    """One optimizer step on the stacked parameters with torch.optim's formulas, per-member lr, and
+    per-member step counts ``state["count"]`` (0: the member's optimizer starts afresh, as after the guard)."""
+    count = state["count"] + 1
+    fresh = count == 1
     for name, p in stack.params.items():
         g = p.grad
         st = state.setdefault(name, {})
-        if phase.optimizer == "adam":  # torch.optim.adam._single_tensor_adam, per-member lr
+        if phase.optimizer == "adam":  # torch.optim.adam._single_tensor_adam
             b1, b2 = ADAM_BETAS
-            if not st:
-                st["exp_avg"], st["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-            st["step"] = step_in_phase
-            st["exp_avg"].lerp_(g, 1 - b1)
-            st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
-            bc1, bc2 = 1 - b1 ** step_in_phase, 1 - b2 ** step_in_phase
-            step_size = _per_member(lr / bc1, p)
-            denom = (st["exp_avg_sq"].sqrt() / bc2 ** 0.5).add_(ADAM_EPS)
+            mask = fresh.reshape(-1, *([1] * (p.dim() - 1)))
+            m_, v_ = (torch.where(mask, 0.0, st[k]) if k in st else torch.zeros_like(p) for k in ("exp_avg", "exp_avg_sq"))
+            st["exp_avg"], st["exp_avg_sq"] = m_.lerp_(g, 1 - b1), v_.mul_(b2).addcmul_(g, g, value=1 - b2)
+            c = count.double()
+            step_size = _per_member(lr / (1 - b1 ** c), p)
+            bc2_sqrt = _per_member((1 - b2 ** c) ** 0.5, p)
+            denom = (st["exp_avg_sq"].sqrt() / bc2_sqrt).add_(ADAM_EPS)
             p.add_(-step_size * st["exp_avg"] / denom)
         else:  # torch.optim.sgd._single_tensor_sgd (no dampening, no nesterov)
             if phase.momentum:
-                if "momentum_buffer" not in st:
-                    st["momentum_buffer"] = g.clone()
-                else:
-                    st["momentum_buffer"].mul_(phase.momentum).add_(g)
+                mask = fresh.reshape(-1, *([1] * (p.dim() - 1)))
+                buf = st.get("momentum_buffer")
+                st["momentum_buffer"] = g.clone() if buf is None else torch.where(mask, g, buf * phase.momentum + g)
                 g = st["momentum_buffer"]
             p.add_(-_per_member(lr, p) * g)
+    state["count"] = count
 
 
-def _torch_optimizer(phase, phases, model: nn.Module, stack: _Stack, state: dict, i: int):
+def _torch_optimizer(phase, model: nn.Module, state: dict, i: int):
     """Member i's optimizer state as the torch optimizer `train` would hold (for its checkpoint)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if phase.optimizer == "adam":
         opt = torch.optim.Adam(params, lr=phase.lr)
     else:
         opt = torch.optim.SGD(params, lr=phase.lr, momentum=phase.momentum)
+    count = int(state["count"][i])
+    if count == 0:
+        return opt
     names = [k for k, p in model.named_parameters() if p.requires_grad]
     for name, p in zip(names, params):
         st = state.get(name, {})
-        if phase.optimizer == "adam" and st:
-            opt.state[p] = {"step": torch.tensor(float(st["step"])), "exp_avg": st["exp_avg"][i].clone(),
+        if phase.optimizer == "adam":
+            opt.state[p] = {"step": torch.tensor(float(count)), "exp_avg": st["exp_avg"][i].clone(),
                             "exp_avg_sq": st["exp_avg_sq"][i].clone()}
         elif "momentum_buffer" in st:
             opt.state[p] = {"momentum_buffer": st["momentum_buffer"][i].clone()}

@@ -1,0 +1,255 @@
+"""``featurelab bench``: how fast featurelab runs here, each figure against a baseline timed in the same run.
+
+(a) one full-batch training step (forward, backward, Adam) of the paper-size Leaky ResNet (L = 50,
+    w = 200, N = 1000, d = 20; THEORY.md Part 1 §5.2): achieved GFLOP/s, and its fraction of this
+    machine's fp32 matmul peak (a 2048 x 2048 matmul timed in the same run). FLOPs counted: the
+    matmuls, 6·L·N·w·(w+1) per step (2 forward, 4 backward), i.e. 12.06 GFLOP; 30 000 steps are the
+    issue's 360 TFLOP.
+(b) 16 small MLPs of the digits width sweep (64 -> 16 -> 16 -> 10, bias, cross-entropy, N = 1000,
+    Adam; THEORY.md Part 3 §6) trained as one ensemble (`train_ensemble`) versus one after another
+    with `train`, same steps: speedup ratio.
+(c) 64 escape-direction restarts (circle data N = 8, depth 3, width 10; THEORY.md Part 4 §5)
+    batched in one `find_escape_directions` call versus 64 calls with ``restarts=1``: speedup ratio.
+(d) `geodesic_diagnostics` of the paper-size network: seconds, and as a multiple of one step of (a).
+(e) the end-to-end wall time of each experiment's quick preset (budget: 5 minutes each).
+Targets (benchmarks, never tests): (a) >= 75% of peak, (b) >= 5x, (c) >= 10x, (d) <= 20 steps.
+Nothing here changes torch's global thread settings: every figure, and its baseline, uses the process's
+threads (the CLI sets them with ``--threads``, default 1 like a sweep worker; (e) runs its own workers).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .errors import FeaturelabError
+from .runtime import resolve_device, versions
+
+FIGURES = ("a", "b", "c", "d", "e")
+TARGETS = {"a": 0.75, "b": 5.0, "c": 10.0, "d": 20.0, "e": 300.0}
+PAPER = {"d": 20, "width": 200, "depth": 50, "n": 1000, "effective_depth": 5.0, "lam": 0.002}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    """Wall and CPU seconds (this process) of a block: on a shared machine the CPU time shows what the
+    wall time hides."""
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def timed(fn, device: torch.device, repeat: int = 5, warmup: int = 1) -> tuple[float, float]:
+    """Median wall and CPU seconds of `fn()` over `repeat` calls after `warmup` calls (device synchronised)."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    walls, cpus = [], []
+    for _ in range(repeat):
+        with Stopwatch() as sw:
+            fn()
+            _sync(device)
+        walls.append(sw.wall)
+        cpus.append(sw.cpu)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def matmul_peak(device: torch.device, n: int = 2048) -> tuple[float, float]:
+    """This machine's fp32 matmul rate in GFLOP/s, by wall and by CPU time: an n x n matmul (2n³ FLOPs)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    A, B = (torch.randn(n, n, generator=g).to(device) for _ in range(2))
+    wall, cpu = timed(lambda: A @ B, device)
+    return 2 * n**3 / wall / 1e9, 2 * n**3 / cpu / 1e9
+
+
+def paper_network(device: torch.device):
+    """The paper-size Leaky ResNet (float32), its data (bottleneck teacher 20 -> 5 -> 20) and an Adam step."""
+    from .data import bottleneck_teacher
+    from .models import LeakyResNet
+    from .training import data_cost
+
+    p = PAPER
+    data = bottleneck_teacher((p["d"], 5, p["d"]), "fcnn", 100, p["n"], 0, teacher_seed=0, data_seed=1)
+    data = data.to(dtype=torch.float32, device=device)
+    model = LeakyResNet(p["d"], p["d"], p["width"], p["depth"], p["effective_depth"], seed=2).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = data_cost("mse", model(data.X_train), data.Y_train) + model.penalty(p["lam"])
+        loss.backward()
+        opt.step()
+
+    return model, data, step
+
+
+def bench_step(device: torch.device) -> dict:
+    """(a): GFLOP/s of one training step of the paper-size network and its fraction of the matmul peak."""
+    p = PAPER
+    _, _, step = paper_network(device)
+    seconds, cpu = timed(step, device, repeat=5, warmup=2)
+    flops = 6 * p["depth"] * p["n"] * p["width"] * (p["width"] + 1)
+    peak, peak_cpu = matmul_peak(device)
+    achieved = flops / seconds / 1e9
+    return {"step_seconds": seconds, "gflop_per_step": flops / 1e9, "achieved_gflops": achieved,
+            "baseline_peak_gflops": peak, "fraction_of_peak": achieved / peak, "step_cpu_seconds": cpu,
+            "fraction_of_peak_by_cpu_time": (flops / cpu / 1e9) / peak_cpu,
+            "target": f">= {TARGETS['a']:.0%} of peak", "reached": achieved / peak >= TARGETS["a"]}
+
+
+def _speedup(batched: Stopwatch, looped: Stopwatch, target: float) -> dict:
+    return {"batched_seconds": batched.wall, "baseline_looped_seconds": looped.wall, "speedup": looped.wall / batched.wall,
+            "batched_cpu_seconds": batched.cpu, "baseline_looped_cpu_seconds": looped.cpu,
+            "cpu_speedup": looped.cpu / batched.cpu, "target": f">= {target:g}x",
+            "reached": looped.wall / batched.wall >= target}
+
+
+def bench_ensemble(device: torch.device, members: int = 16, steps: int = 200) -> dict:
+    """(b): `members` digits MLPs trained batched versus one after another (same steps; both warmed up)."""
+    from .data import digits
+    from .models import MLP
+    from .training import Phase, TrainConfig, train
+    from .training.ensemble import train_ensemble
+
+    data = digits(1000, seed=0)
+    config = TrainConfig(objective="cross_entropy", lam=1e-3, log_every=steps, top_singular_values=0,
+                         phases=[Phase(optimizer="adam", steps=steps, lr=1e-2)])
+    make = lambda i: MLP(64, 10, 16, 3, bias=1.0, seed=i)  # noqa: E731
+    warm = config.model_copy(update={"phases": [Phase(optimizer="adam", steps=2, lr=1e-2)], "log_every": 2})
+    train(make(0), data, warm, device=str(device), progress=False)
+    train_ensemble([make(0), make(1)], data, warm, device=str(device), progress=False)
+    with Stopwatch() as looped:
+        for i in range(members):
+            train(make(i), data, config, device=str(device), progress=False)
+        _sync(device)
+    models = [make(i) for i in range(members)]
+    with Stopwatch() as batched:
+        train_ensemble(models, data, config, device=str(device), progress=False)
+        _sync(device)
+    return {"members": members, "steps": steps, **_speedup(batched, looped, TARGETS["b"])}
+
+
+def bench_escape(restarts: int = 64, steps: int = 500) -> dict:
+    """(c): `restarts` escape-direction restarts in one batched search versus one call per restart."""
+    from . import circle_dataset, find_escape_directions
+
+    X, G = circle_dataset(8)
+    kw = {"depth": 3, "width": 10, "steps": steps, "tail": min(100, steps)}
+    find_escape_directions(X, G, restarts=2, seed=0, **{**kw, "steps": 2, "tail": 2})  # warm-up
+    with Stopwatch() as batched:
+        find_escape_directions(X, G, restarts=restarts, seed=0, **kw)
+    with Stopwatch() as looped:
+        for r in range(restarts):
+            find_escape_directions(X, G, restarts=1, seed=r, **kw)
+    return {"restarts": restarts, "steps": steps, **_speedup(batched, looped, TARGETS["c"])}
+
+
+def bench_diagnostics(device: torch.device, step_seconds: float | None = None) -> dict:
+    """(d): seconds of `geodesic_diagnostics` on the paper-size network, and in training steps."""
+    from . import geodesic_diagnostics
+
+    model, data, step = paper_network(device)
+    if step_seconds is None:
+        step_seconds = timed(step, device, repeat=3, warmup=1)[0]
+    t0 = time.perf_counter()
+    geodesic_diagnostics(model, data.X_train, data.Y_train, PAPER["lam"])
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "baseline_step_seconds": step_seconds, "in_steps": seconds / step_seconds,
+            "target": f"<= {TARGETS['d']:g} steps", "reached": seconds / step_seconds <= TARGETS["d"]}
+
+
+def bench_quick_presets(names: list[str], device: str, echo=print) -> dict:
+    """(e): wall seconds of each experiment's quick preset (run into a temporary folder), its claims;
+    each is echoed as it finishes."""
+    from .runs.runner import run_experiment
+
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="featurelab-bench-") as tmp:
+        for name in names:
+            t0 = time.perf_counter()
+            error = None
+            try:
+                rec = run_experiment(name, "quick", out=Path(tmp) / name, device=device, progress=False)
+                claims = f"{sum(c['passed'] for c in rec.claims)}/{len(rec.claims)}"
+            except FeaturelabError as exc:
+                claims, error = "error", str(exc)
+            seconds = time.perf_counter() - t0
+            out[name] = {"seconds": seconds, "claims_passed": claims, "error": error,
+                         "baseline_budget_seconds": TARGETS["e"], "reached": error is None and seconds <= TARGETS["e"]}
+            echo(f"(e) {name}: {seconds:.1f} s, claims {claims}" + (f" ({error})" if error else ""))
+    return out
+
+
+def _rows(results: dict) -> list[tuple[str, str, str, str, str]]:
+    rows = []
+    if "a" in results:
+        r = results["a"]
+        rows.append(("(a) paper ResNet step", f"{r['achieved_gflops']:.1f} GFLOP/s = {r['fraction_of_peak']:.0%} of peak "
+                     f"(CPU time: {r['fraction_of_peak_by_cpu_time']:.0%})",
+                     f"matmul peak {r['baseline_peak_gflops']:.1f} GFLOP/s", r["target"], str(r["reached"])))
+    if "b" in results:
+        r = results["b"]
+        rows.append((f"(b) {r['members']} MLPs batched", f"{r['speedup']:.1f}x ({r['batched_seconds']:.2f} s; CPU {r['cpu_speedup']:.1f}x)",
+                     f"looped {r['baseline_looped_seconds']:.2f} s", r["target"], str(r["reached"])))
+    if "c" in results:
+        r = results["c"]
+        rows.append((f"(c) {r['restarts']} escape restarts", f"{r['speedup']:.1f}x ({r['batched_seconds']:.2f} s; CPU {r['cpu_speedup']:.1f}x)",
+                     f"looped {r['baseline_looped_seconds']:.2f} s", r["target"], str(r["reached"])))
+    if "d" in results:
+        r = results["d"]
+        rows.append(("(d) geodesic diagnostics", f"{r['seconds']:.2f} s = {r['in_steps']:.1f} steps",
+                     f"step {r['baseline_step_seconds']:.3f} s", r["target"], str(r["reached"])))
+    for name, r in results.get("e", {}).items():
+        rows.append((f"(e) {name} quick", f"{r['seconds']:.1f} s, claims {r['claims_passed']}",
+                     f"budget {r['baseline_budget_seconds']:.0f} s", "<= budget", str(r["reached"])))
+    return rows
+
+
+def run_bench(only: list[str] | None = None, experiments: list[str] | None = None, out: str | Path = "bench.json",
+              device: str = "cpu", echo=print) -> dict:
+    """Measure the figures in `only` (default all of a-e), print a table, write JSON to `out`; returns it.
+
+    experiments: the experiments whose quick presets (e) times (default: every registered one).
+    """
+    from .experiments import REGISTRY, get_experiment
+
+    only = list(only) if only else list(FIGURES)
+    bad = [f for f in only if f not in FIGURES]
+    if bad:
+        raise FeaturelabError(f"only={','.join(bad)!r} is not allowed; choose among: {', '.join(FIGURES)}")
+    names = list(experiments) if experiments else list(REGISTRY)
+    for name in names:
+        get_experiment(name)  # a one-line error for an unknown name, before anything runs
+    dev = resolve_device(device)
+    results: dict = {"device": str(dev), "threads": torch.get_num_threads(), "versions": versions()}
+    if "a" in only:
+        results["a"] = bench_step(dev)
+    if "b" in only:
+        results["b"] = bench_ensemble(dev)
+    if "c" in only:
+        results["c"] = bench_escape()
+    if "d" in only:
+        results["d"] = bench_diagnostics(dev, results.get("a", {}).get("step_seconds"))
+    if "e" in only:
+        results["e"] = bench_quick_presets(names, str(dev), echo)
+    rows = [("figure", "measured", "baseline (same run)", "target", "reached")] + _rows(results)
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    echo(f"featurelab bench on {results['device']}, {results['threads']} torch threads")
+    for r in rows:
+        echo("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    Path(out).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    echo(f"json: {Path(out).resolve()}")
+    return results
