@@ -1,6 +1,7 @@
 """Where computations run: device choice, thread count, version stamps."""
 from __future__ import annotations
 
+import copy
 import platform
 import sys
 
@@ -23,6 +24,12 @@ def resolve_device(device: str | torch.device = "cpu") -> torch.device:
             raise FeaturelabError(f"device={name!r} is not available on this machine (no CUDA GPU); use cpu or auto")
         return torch.device(name)
     raise FeaturelabError(f"device={name!r} is not allowed; choose one of: cpu, cuda, cuda:N, auto")
+
+
+def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy of `model` on the CPU with parameter gradients off: where diagnostics run
+    (THEORY.md Part 0, "Diagnostics run in float64 on the stored parameters")."""
+    return copy.deepcopy(model).cpu().to(torch.float64).requires_grad_(False)
 
 
 def set_threads(n: int) -> None:

@@ -29,7 +29,8 @@ from ..config import ExperimentConfig
 from ..data.bn_tasks import bn_rank_two_task
 from ..measurements.bottleneck import (balancedness_residual, bottleneck_rank, classify_minimum, middle_layers,
                                        representation_spectra, theorem3_check, theorem6_check)
-from ..measurements.jacobian import float64_copy, ntk_trace
+from ..measurements.jacobian import ntk_trace
+from ..runtime import float64_copy
 from ..measurements.ranks import singular_values
 from ..measurements.representation_cost import estimate_representation_cost
 from ..models import MLP

@@ -28,7 +28,7 @@ from sklearn.preprocessing import PolynomialFeatures
 from ..config import ExperimentConfig
 from ..data.bn_tasks import symmetry_gd, symmetry_task
 from ..measurements.bottleneck import middle_layers, representation_spectra
-from ..measurements.jacobian import float64_copy
+from ..runtime import float64_copy
 from ..models import MLP
 from ..runs.claims import claim
 from ..runs.figures import plt

@@ -16,7 +16,8 @@ import torch
 
 from ..checks import as_matrix, int_at_least, positive
 from ..errors import FeaturelabError
-from .jacobian import float64_copy, jacobian, jacobian_ranks, ntk_trace
+from ..runtime import float64_copy
+from .jacobian import jacobian, jacobian_ranks, ntk_trace
 from .ranks import singular_values
 from .representation_cost import log_pdet
 

@@ -9,7 +9,6 @@ float64 on the CPU from the stored parameters.
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 from ..checks import as_matrix, non_negative, one_of, positive, same_rows
 from ..errors import FeaturelabError
 from ..models.leaky_resnet import LeakyResNet
+from ..runtime import float64_copy
 from ..training.objectives import data_cost
 from .cost_of_identity import GAMMA_MODES, cost_of_identity, features, kernel_metric
 from .ranks import effective_rank, singular_values
@@ -26,10 +26,10 @@ from .ranks import effective_rank, singular_values
 PAIRINGS = ("staggered", "same")
 
 
-def _float64_copy(model) -> LeakyResNet:
+def _float64_leaky(model) -> LeakyResNet:
     if not isinstance(model, LeakyResNet):
         raise FeaturelabError(f"model must be a featurelab LeakyResNet, got {type(model).__name__}")
-    return copy.deepcopy(model).to(device="cpu", dtype=torch.float64)
+    return float64_copy(model)
 
 
 def _check_data(model: LeakyResNet, X, Y) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +49,7 @@ def backward_variables(model: LeakyResNet, X, Y, lam: float) -> tuple[list[torch
     ``C = (1/N)‖Y − Ŷ‖²_F`` (the trainer's "mse") through layers l+1..L and ``V_out``, parameters fixed,
     by autograd on one float64 forward graph. X: ``N x d_in``, Y: ``N x d_out`` (rows are samples).
     """
-    return _backward(_float64_copy(model), X, Y, lam)
+    return _backward(_float64_leaky(model), X, Y, lam)
 
 
 def _backward(m: LeakyResNet, X, Y, lam: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -137,7 +137,7 @@ def geodesic_diagnostics(model: LeakyResNet, X, Y, lam: float, gamma0: float = 1
     max/median residual, max B_norm and BS_norm (Fig. 3), max thm4_gap, the minimum slacks of (a)-(c) and
     the eq. 4 slacks (d) at the median ĥ.
     """
-    m = _float64_copy(model)
+    m = _float64_leaky(model)
     non_negative("gamma0", gamma0)
     one_of("gamma_mode", gamma_mode, GAMMA_MODES)
     one_of("pairing", pairing, PAIRINGS)

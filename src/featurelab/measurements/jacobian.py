@@ -6,19 +6,13 @@ computed in float64 on a float64 copy of the stored parameters, with `torch.func
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch.func import functional_call, jacrev, vmap
 
 from ..checks import as_matrix, non_negative
 from ..errors import FeaturelabError
+from ..runtime import float64_copy
 from .ranks import numerical_rank
-
-
-def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A float64 copy of `model` on the CPU with gradients off, for diagnostics (THEORY.md Part 0)."""
-    return copy.deepcopy(model).cpu().to(torch.float64).requires_grad_(False)
 
 
 def _float64_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
