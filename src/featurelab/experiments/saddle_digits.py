@@ -66,9 +66,8 @@ class MnistConfig(Config):
     dataset: str = Field("mnist", pattern="^(digits|mnist)$")
 
 
-# float64 on digits, as THEORY.md Part 4 §1 runs its core routines: the late phase at the lr floor is
-# chaotic, and in float32 all three quick seeds ended at loss > 0.05 (2.30 / 0.072 / 0.235), in float64
-# two of three end low (0.0127 / 2.30 / 0.0013); see docs/saddle-to-saddle.md.
+# float64 on digits, as THEORY.md Part 4 §1 runs its core routines. The late phase at the lr floor is
+# chaotic (final losses change with the rounding of the update); see docs/saddle-to-saddle.md.
 DIGITS_PRESETS = {
     "quick": {"dtype": "float64"},
     "tiny": {"steps": 3000, "seeds": 1, "log_every": 100, "plateau_min_steps": 500, "claim_min_steps": 500,
