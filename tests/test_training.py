@@ -88,6 +88,34 @@ def test_cosine_and_inverse_norm_schedules():
         torch.testing.assert_close(p.detach(), t0 - 100.0 * g, rtol=1e-12, atol=1e-15)
 
 
+def test_max_step_is_a_relative_trust_region():
+    """Phase.max_step: a step is θ − lr·g when lr‖g‖ <= κ‖θ‖, else θ − κ‖θ‖ g/‖g‖ (computed by hand)."""
+    data = small_problem()
+    theta0 = [p.detach().clone() for p in fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3,
+                                                   dtype=torch.float64).parameters()]
+    ref = fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64)
+    grads = torch.autograd.grad(data_cost("mse", ref(data.X_train), data.Y_train), list(ref.parameters()))
+    g_norm = torch.sqrt(sum((g**2).sum() for g in grads))
+    t_norm = torch.sqrt(sum((t**2).sum() for t in theta0))
+    cuts = []
+    for lr, kappa in ((100.0, 1e-3), (1e-6, 0.5)):
+        model = fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64)
+        phase = fl.Phase(optimizer="sgd", steps=1, lr=lr, max_step=kappa)
+        res = fl.train(model, data, fl.TrainConfig(objective="mse", phases=[phase], log_every=1), progress=False)
+        cut = bool(lr * g_norm > kappa * t_norm)
+        cuts.append(cut)
+        step = kappa * t_norm / g_norm if cut else lr
+        for p, t0, g in zip(model.parameters(), theta0, grads):
+            torch.testing.assert_close(p.detach(), t0 - step * g, rtol=1e-12, atol=1e-15)
+        assert res.history["capped_steps"].iloc[-1] == int(cut)
+        if cut:
+            moved = torch.sqrt(sum(((p.detach() - t) ** 2).sum() for p, t in zip(model.parameters(), theta0)))
+            assert float(moved) == pytest.approx(kappa * float(t_norm), rel=1e-12)
+    assert cuts == [True, False]  # both branches
+    with pytest.raises(Exception, match="max_step needs optimizer 'sgd'"):
+        fl.Phase(optimizer="adam", steps=1, lr=1.0, max_step=0.1)
+
+
 def test_save_and_load_model_round_trip(tmp_path):
     model = fl.LeakyResNet(3, 2, 5, depth=6, effective_depth=2.0, steps="irregular", io="learned", seed=3)
     save_model(model, tmp_path / "m.safetensors")

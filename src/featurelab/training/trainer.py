@@ -40,6 +40,9 @@ class Phase(BaseModel):
     adapt_every: > 0: call ``model.adapt_steps(X_train)`` every k steps for the first `adapt_stop`
         fraction of this phase (adaptive Leaky-ResNet steps, Part 1 §2.3).
     dtype: switch the model to this dtype for the phase (e.g. a float64 L-BFGS polish).
+    max_step: > 0: a relative trust region for plain SGD, ‖Δθ‖ <= max_step·‖θ‖ (the step's lr is cut where
+        the full step would be longer); history column ``capped_steps`` counts the steps it cut
+        (Part 4 §6 digits preset, docs/saddle-to-saddle.md).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -56,11 +59,14 @@ class Phase(BaseModel):
     adapt_every: int = Field(0, ge=0)
     adapt_stop: float = Field(0.9, gt=0, le=1)
     dtype: Literal["float32", "float64"] | None = None
+    max_step: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _check(self):
-        if self.schedule == "inverse_norm" and (self.optimizer != "sgd" or self.momentum):
-            raise ValueError("schedule 'inverse_norm' needs optimizer 'sgd' without momentum")
+        for field, on in (("schedule 'inverse_norm'", self.schedule == "inverse_norm"),
+                          ("max_step", self.max_step is not None)):
+            if on and (self.optimizer != "sgd" or self.momentum):
+                raise ValueError(f"{field} needs optimizer 'sgd' without momentum")
         return self
 
 
@@ -177,7 +183,7 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
     t0 = time.perf_counter()
     rows: list[dict] = []
     start_step, done = 0, False
-    state = {"lr_scale": 1.0}
+    state = {"lr_scale": 1.0, "capped": torch.zeros((), dtype=torch.int64, device=dev)}
     ckpt = load_checkpoint(folder) if (folder is not None and resume) else None
     if ckpt is not None:
         tensors, info = ckpt
@@ -186,6 +192,7 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
         model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         rows, start_step, done = info["history"], info["step"], info["done"]
         state["lr_scale"] = info.get("lr_scale", 1.0)
+        state["capped"] += info.get("capped_steps", 0)
         if hasattr(model, "rho_history"):
             model.rho_history = info.get("rho_history", [])
     resumed_from = start_step
@@ -196,6 +203,8 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
     def log(step: int, phase_idx: int, lr) -> dict:
         row = {"step": step, "phase": phase_idx, "lr": float(lr) if lr is not None else float("nan")}
         row.update(evaluate(model, data_dev, config))
+        if any(p.max_step is not None for p in config.phases):
+            row["capped_steps"] = int(state["capped"])
         row["seconds"] = time.perf_counter() - t0
         for cb in callbacks:
             if hasattr(cb, "on_log"):
@@ -207,6 +216,7 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
         if folder is None:
             return
         info = {"step": step, "done": finished, "history": rows, "lr_scale": state["lr_scale"],
+                "capped_steps": int(state["capped"]),
                 "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                 "rho_history": getattr(model, "rho_history", [])}
         save_checkpoint(folder, model, optimizer, info)
@@ -235,8 +245,8 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
                 lr = lr_rule(k, phase, model) if lr_rule is not None else _lr(phase, k, model)
                 if isinstance(lr, torch.Tensor) or state["lr_scale"] != 1.0:
                     lr = lr * state["lr_scale"]
-                tensor_lr = isinstance(lr, torch.Tensor)  # inverse_norm: stays on the device, no sync
-                if not tensor_lr:
+                manual = isinstance(lr, torch.Tensor) or phase.max_step is not None  # no host sync
+                if not manual:
                     for g in opt.param_groups:
                         g["lr"] = lr
                 idx = _batches(len(data_dev.X_train), phase.batch_size, config.seed, step, dev, phase.drop_last)
@@ -253,9 +263,15 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
 
                 if phase.guard_window and snapshot is None:
                     snapshot = (float(closure().detach()), [p.detach().clone() for p in params])
-                if tensor_lr:  # plain SGD step θ ← θ − lr·∇ with a device-resident lr
+                if manual:  # plain SGD step θ ← θ − lr·∇ with a device-resident lr
                     loss = closure()
                     with torch.no_grad():
+                        if phase.max_step is not None:  # trust region ‖Δθ‖ <= max_step·‖θ‖
+                            grad_norm = torch.sqrt(sum((p.grad ** 2).sum() for p in params))
+                            cap = phase.max_step * param_norm(model) / grad_norm  # inf/NaN never cut
+                            cut = cap < lr
+                            state["capped"] += cut.long()
+                            lr = torch.where(cut, cap, lr)
                         for p in params:
                             p.sub_(lr * p.grad)
                 else:
