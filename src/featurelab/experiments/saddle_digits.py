@@ -80,11 +80,11 @@ MNIST_PRESETS = {
               "steps": 60000, "lr_c": 10.0, "lr_min": 0.05, "log_every": 250, "seeds": 1,
               "second_level": [0.3, 2.25]},
     "paper": {"dataset": "mnist", "width": 1000, "init_std": 1e-3, "batch_size": 32, "steps": 1_875_000,
-              "lr_c": 10.0, "lr_min": 0.0, "max_step": None, "log_every": 500, "checkpoint_every": 25000, "seeds": 1,
-              "plateau_min_steps": 3750, "claim_min_steps": 20000, "second_level": [0.3, 2.25]},
+              "lr_c": 10.0, "lr_min": 0.0, "max_step": None, "log_every": 500, "checkpoint_every": 25000,
+              "seeds": 1, "plateau_min_steps": 3750, "claim_min_steps": 20000, "second_level": [0.3, 2.25]},
     "depth4": {"dataset": "mnist", "depth": 4, "width": 1000, "init_std": 1e-3, "batch_size": 32,
-               "steps": 1_875_000, "lr_c": 10.0, "lr_min": 0.0, "max_step": None, "log_every": 500, "checkpoint_every": 25000,
-               "seeds": 1, "plateau_min_steps": 3750, "claim_min_steps": 20000, "second_level": [0.3, 2.25]},
+               "steps": 1_875_000, "lr_c": 10.0, "lr_min": 0.0, "max_step": None, "log_every": 500,
+               "checkpoint_every": 25000, "seeds": 1, "plateau_min_steps": 3750, "claim_min_steps": 20000, "second_level": [0.3, 2.25]},
 }
 
 
@@ -132,8 +132,8 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
                 init_scale=cfg.init_std, seed=unit["seed"], dtype=getattr(torch, cfg.dtype))
     config = TrainConfig(objective="cross_entropy", phases=[Phase(
         optimizer="sgd", steps=cfg.steps, lr=cfg.lr_c, schedule="inverse_norm", lr_min=cfg.lr_min,
-        batch_size=cfg.batch_size, drop_last=cfg.drop_last, max_step=cfg.max_step)], log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every,
-        top_singular_values=10, seed=unit["seed"])
+        batch_size=cfg.batch_size, drop_last=cfg.drop_last, max_step=cfg.max_step)], log_every=cfg.log_every,
+        checkpoint_every=cfg.checkpoint_every, top_singular_values=10, seed=unit["seed"])
     G = cross_entropy_gradient(data.Y_train, data.n_classes)
     result = train(model, data, config, device=ctx.device, run_dir=ctx.dir, resume=ctx.resume,
                    callbacks=[SaddleLog(data.X_train.double(), G)], progress=ctx.progress)

@@ -12,8 +12,7 @@ Claims (checks 1-3 of §4b) at the hidden layer ℓ* minimising s₃/s₁ of the
 test inputs, Z = its top-2 principal coordinates: (1) s₃/s₁ < 0.05 and s₂/s₁ > 0.05; (2) cubic-
 polynomial R²: Z→|m| >= 0.95, Z→r >= 0.9, (|m|, r)→Z >= 0.95, Z→signed m < 0.1; (3) relative squared
 change of α̃_ℓ* (centred, as the relative MSE) under maps fixing ±u < 0.05, under a random orthogonal
-map > 0.5. Check 4 (GD paths follow a map
-Z_t ↦ Z_{t+1}, R² >= 0.9) is uncalibrated and only reported.
+map > 0.5. Check 4 (GD paths follow a map Z_t ↦ Z_{t+1}, R² >= 0.9) is uncalibrated and only reported.
 """
 from __future__ import annotations
 
