@@ -26,6 +26,25 @@ def test_config_errors_are_one_line(overrides, pattern):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("build,pattern", [
+    (lambda: fl.Phase(steps=10, lr=0.1, optimizer="adam", max_step=0.2),
+     r"^invalid config for Phase: max_step needs optimizer 'sgd' without momentum$"),
+    (lambda: fl.Phase(steps=10, lr=-1.0), r"^lr=-1.0 is not allowed for Phase: Input should be greater than 0$"),
+    (lambda: fl.TrainConfig(phases=[{"steps": -1, "lr": 0.1}]),
+     r"^phases.0.steps=-1 is not allowed for TrainConfig: Input should be greater than or equal to 0$"),
+    (lambda: fl.TrainConfig.model_validate({"phases": [], "objective": "hinge"}),
+     r"^objective='hinge' is not allowed for TrainConfig: Input should be 'mse', 'cross_entropy' or 'logistic'$"),
+    (lambda: fl.TrainConfig(phases=[], lamda=1.0), r"^unknown key 'lamda' for TrainConfig; allowed keys: objective, lam"),
+    (lambda: setattr(resolve_config("leaky-bottleneck", "quick")[1], "lam", -1.0),
+     r"^lam=-1.0 is not allowed for Config: Input should be greater than 0$"),
+])
+def test_python_api_config_errors_are_one_line(build, pattern):
+    """The Python API says the same one line as the CLI, not pydantic's multi-line report."""
+    with pytest.raises(fl.FeaturelabError, match=pattern) as err:
+        build()
+    assert "\n" not in str(err.value)
+
+
 def test_presets_and_seed_override():
     _, cfg = resolve_config("leaky-bottleneck", "paper", {"lam": 0.01}, seed=5)
     assert (cfg.width, cfg.depth, cfg.lam, cfg.seed) == (200, 50, 0.01, 5)

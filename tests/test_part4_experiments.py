@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from featurelab.experiments.saddle_digits import Config, cross_entropy_gradient, seed_checks
+from featurelab.experiments.saddle_digits import Config, cross_entropy_gradient, seed_checks, summarize
 from featurelab.runs import run_experiment
 
 
@@ -57,3 +57,15 @@ def test_digits_quick_reproduces_saddle_to_saddle(tmp_path):
     rec = run_experiment("saddle-digits", "quick", out=tmp_path / "sd", workers=2)
     failed = [c["statement"] + ": " + c["measured"] for c in rec.claims if not c["passed"]]
     assert not failed, failed
+
+
+def test_final_loss_is_a_median_so_one_last_spike_is_not_read():
+    """summarize: final_loss = median of the last 5 logged losses (A4's smoothing); last_loss is raw."""
+    import pandas as pd
+    loss = [math.log(10)] * 40 + [0.004, 0.001, 0.002, 0.003, 0.9]
+    hist = pd.DataFrame({"step": [250 * i for i in range(len(loss))], "loss": loss, "train_error": 0.0,
+                         **{f"rW{l}": 0.1 for l in range(1, 7)},
+                         **{f"sv{l}_{i}": 1.0 / i for l in range(1, 7) for i in (1, 2)}})
+    res = summarize(Config(), hist)
+    assert res["final_loss"] == 0.003 and res["last_loss"] == 0.9
+    assert seed_checks(Config(), res)["final_loss_ok"]

@@ -60,6 +60,44 @@ def test_minibatch_members_draw_their_own_batches():
     compare(make, configs, [DATA] * 3, 1e-10)
 
 
+class FirstLayerNorm:
+    """An ``on_log`` callback: adds ‖W_1‖_F to each history row."""
+
+    def on_log(self, step, model, row):
+        row["w1_norm"] = float(model.weight_matrices()[0].detach().norm())
+
+
+def test_trust_region_floor_partial_batches_and_log_callbacks_match_one_by_one():
+    """Part 4 A3's lr = max(c/‖θ‖^{L-2}, lr_min) with the trust region ``max_step`` (cutting some steps,
+    per member), keeping each epoch's partial batch, and ``on_log`` columns: as `train` gives them."""
+    configs = [TrainConfig(objective="cross_entropy", seed=s, log_every=10, phases=[Phase(
+        optimizer="sgd", steps=60, lr=c, schedule="inverse_norm", lr_min=0.5, batch_size=12, drop_last=False,
+        max_step=0.2)]) for c, s in ((40.0, 0), (5.0, 1), (80.0, 1))]
+    data = fl_digits_like()
+    make = lambda i: MLP(6, 3, 8, 4, init="absolute", init_scale=0.3, seed=i, dtype=torch.float64)
+    singles = [make(i) for i in range(3)]
+    histories = [train(m, data, c, callbacks=[FirstLayerNorm()]).history for m, c in zip(singles, configs)]
+    members = [make(i) for i in range(3)]
+    results = train_ensemble(members, data, configs, callbacks=[[FirstLayerNorm()] for _ in range(3)])
+    assert max_difference(members, singles) < 1e-10
+    for r, h in zip(results, histories):
+        assert list(r.history["capped_steps"]) == list(h["capped_steps"])
+        assert float((r.history[["loss", "lr", "w1_norm"]] - h[["loss", "lr", "w1_norm"]]).abs().max().max()) < 1e-9
+    caps = [int(h["capped_steps"].iloc[-1]) for h in histories]
+    assert 0 < caps[0] < 60 and len(set(caps)) == 3  # some steps cut, not all; counted per member
+    with pytest.raises(FeaturelabError, match="on_step cannot run in an ensemble"):
+        train_ensemble([make(0)], data, configs[0], callbacks=[[type("S", (), {"on_step": lambda *a: None})()]])
+
+
+def fl_digits_like():
+    """A 3-class problem with 30 samples (not a multiple of the batch of 12): rows are samples."""
+    from featurelab import Dataset
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(30, 6, generator=g, dtype=torch.float64)
+    Y = torch.arange(30) % 3
+    return Dataset(X, Y, X[:0], Y[:0], 3)
+
+
 def test_float32_ensemble_agrees_to_float32_rounding():
     make = lambda i: MLP(5, 5, 10, 3, bias=1.0, seed=i, dtype=torch.float32)
     compare(make, mlp_configs(None), [DATA] * 3, 1e-4)

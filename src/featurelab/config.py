@@ -5,13 +5,49 @@ becomes a `FeaturelabError` naming the field, the value and what is allowed.
 """
 from __future__ import annotations
 
+import contextvars
+
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import FeaturelabError
 
 
-class ExperimentConfig(BaseModel):
+_VALIDATING = contextvars.ContextVar("featurelab_validating", default=False)
+
+
+def _checked(cls: type[BaseModel], where: str, build):
+    """Run `build()`; its `ValidationError` becomes one line about `where`. A model validated inside
+    another one (a `Phase` in a `TrainConfig`) lets the outer one report, with the full field path."""
+    if _VALIDATING.get():
+        return build()
+    token = _VALIDATING.set(True)
+    try:
+        return build()
+    except ValidationError as exc:
+        raise one_line(exc, cls, where) from None
+    finally:
+        _VALIDATING.reset(token)
+
+
+class Validated(BaseModel):
+    """A pydantic model whose every validation error (construction, `model_validate`, assignment) is a
+    one-line `FeaturelabError` naming the field, the value and what is allowed; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def __init__(self, **values):
+        _checked(type(self), type(self).__name__, lambda: super(Validated, self).__init__(**values))
+
+    @classmethod
+    def model_validate(cls, obj, **kwargs):
+        return _checked(cls, cls.__name__, lambda: super(Validated, cls).model_validate(obj, **kwargs))
+
+    def __setattr__(self, name, value):
+        _checked(type(self), type(self).__name__, lambda: super(Validated, self).__setattr__(name, value))
+
+
+class ExperimentConfig(Validated):
     """Base of every experiment config: unknown keys are errors; `seed` is the master seed."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -64,19 +100,22 @@ def _allowed(cls: type[BaseModel], loc: tuple) -> str:
     return ", ".join(node.model_fields)
 
 
+def one_line(exc: ValidationError, cls: type[BaseModel], where: str) -> FeaturelabError:
+    """The first error of a pydantic `ValidationError` as a one-line `FeaturelabError` about `where`."""
+    err = exc.errors()[0]
+    loc = tuple(err["loc"])
+    key = ".".join(str(p) for p in loc) or "config"
+    if err["type"] == "extra_forbidden":
+        return FeaturelabError(f"unknown key {key!r} for {where}; allowed keys: {_allowed(cls, loc)}")
+    msg = err["msg"].replace("Value error, ", "")
+    if not loc:
+        return FeaturelabError(f"invalid config for {where}: {msg}")
+    value = err.get("input")
+    shown = f"={value!r}" if not isinstance(value, dict) else ""
+    return FeaturelabError(f"{key}{shown} is not allowed for {where}: {msg}")
+
+
 def validate(cls: type[BaseModel], values: dict, where: str):
-    """Build `cls` from `values`; a validation failure becomes a one-line `FeaturelabError`."""
-    try:
-        return cls.model_validate(values)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err["loc"])
-        key = ".".join(str(p) for p in loc) or "config"
-        if err["type"] == "extra_forbidden":
-            raise FeaturelabError(f"unknown key {key!r} for {where}; allowed keys: {_allowed(cls, loc)}") from None
-        msg = err["msg"].replace("Value error, ", "")
-        if not loc:
-            raise FeaturelabError(f"invalid config for {where}: {msg}") from None
-        value = err.get("input")
-        shown = f"={value!r}" if not isinstance(value, dict) else ""
-        raise FeaturelabError(f"{key}{shown} is not allowed for {where}: {msg}") from None
+    """Build `cls` from `values`; a validation failure becomes a one-line `FeaturelabError` about `where`
+    (e.g. the experiment's name)."""
+    return _checked(cls, where, lambda: cls.model_validate(values))

@@ -20,11 +20,13 @@ from ..runs.claims import Claim
 
 @dataclass
 class TrainingUnit:
-    """One training run, as built by an experiment's `build`: the model, its data and how to train it."""
+    """One training run, as built by an experiment's `build`: the model, its data, how to train it and
+    the callbacks that add columns to its history (``on_log`` only, so that it can join an ensemble)."""
 
     model: object  # torch.nn.Module
     data: object  # featurelab.data.Dataset
     config: object  # featurelab.training.TrainConfig
+    callbacks: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -85,5 +87,5 @@ class Experiment:
 
         job = self.build(cfg, unit)
         result = train(job.model, job.data, job.config, device=ctx.device, run_dir=ctx.dir, resume=ctx.resume,
-                       progress=ctx.progress)
+                       callbacks=job.callbacks, progress=ctx.progress)
         return self.finish(cfg, unit, job.model, result, ctx)

@@ -99,7 +99,8 @@ def execute_ensemble(exp, cfg_dict: dict, units: list[dict], folders: list[str],
     try:
         jobs = [exp.build(cfg, u) for u in units]
         trained = train_ensemble([j.model for j in jobs], [j.data for j in jobs], [j.config for j in jobs],
-                                 device=device, run_dirs=paths, progress=progress)
+                                 device=device, run_dirs=paths, callbacks=[j.callbacks for j in jobs],
+                                 progress=progress)
     except Exception:  # not batchable after all: one by one, from scratch (the reason kept in each folder)
         for p in paths:
             write_text(p / "ensemble_fallback.txt", traceback.format_exc())

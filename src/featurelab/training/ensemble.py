@@ -9,8 +9,9 @@ forward pass arithmetically (the Leaky-ResNet effective depth L̃). Everything e
 phase list, optimizers, schedules, logging) must be equal; `ensemble_key` says when two runs can
 share an ensemble.
 
-Adam and SGD (with momentum) are applied to the stacked tensors with torch's own update formulas, so
-each member follows exactly the run `train` would give it: in float64 the two agree to rounding
+Adam and SGD (with momentum, or plain with `train`'s relative trust region ``max_step``) are applied
+to the stacked tensors with torch's own update formulas, so each member follows exactly the run
+`train` would give it: in float64 the two agree to rounding
 (the batched matmuls sum in another order), see docs/scale.md for the measured agreement. L-BFGS
 (a line search per member) is not batched: `ensemble_key` returns None for such runs.
 
@@ -172,6 +173,11 @@ def _per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
 
 
+def _member_norm(tensors) -> torch.Tensor:
+    """(M,) float64: each member's ‖·‖ over the stacked ``M x ...`` `tensors` (trainer.param_norm per member)."""
+    return torch.sqrt(sum((t.detach() ** 2).flatten(1).sum(1) for t in tensors)).double()
+
+
 def _same_data(a: Dataset, b: Dataset) -> bool:
     return a is b or all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("X_train", "Y_train", "X_test", "Y_test"))
 
@@ -179,7 +185,7 @@ def _same_data(a: Dataset, b: Dataset) -> bool:
 # ----------------------------------------------------------------------------------- train
 def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], configs: TrainConfig | list[TrainConfig],
                    *, device: str = "cpu", run_dirs: list[str | Path | None] | None = None,
-                   progress: bool | None = None) -> list[TrainResult | FeaturelabError]:
+                   callbacks=None, progress: bool | None = None) -> list[TrainResult | FeaturelabError]:
     """Train ``M = len(models)`` same-shape models as one batched computation; returns one entry per
     member: its `TrainResult` (as `train` would return it), or the `FeaturelabError` that `train`
     would have raised (a member whose loss diverged; the others go on).
@@ -189,6 +195,8 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
     configs: one `TrainConfig` or one per member, equal up to ``lam``, ``seed`` and each phase's
         ``lr``/``lr_min`` (checked with `ensemble_key`).
     run_dirs: per member, a folder for `train`'s run record, or None.
+    callbacks: per member, a sequence of `train`-style callbacks; only ``on_log(step, model, row)`` is
+        supported (an ``on_step`` hook would need a per-step host loop, so it is an error).
     Fresh runs only (no resume): resume a member one-by-one with `train(..., resume=True)`.
     THEORY.md Part 0; docs/scale.md.
     """
@@ -198,6 +206,11 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
     datas = _as_list(data, M, "data")
     cfgs = [TrainConfig.model_validate(c) for c in _as_list(configs, M, "configs")]
     dirs = [Path(d) if d is not None else None for d in _as_list(run_dirs, M, "run_dirs")]
+    cbs = [tuple(c) for c in (callbacks if callbacks is not None else [()] * M)]
+    if len(cbs) != M:
+        raise FeaturelabError(f"callbacks has {len(cbs)} entries; give one sequence per model ({M})")
+    if any(hasattr(cb, "on_step") for c in cbs for cb in c):
+        raise FeaturelabError("callbacks with on_step cannot run in an ensemble; use train() per model")
     keys = [ensemble_key(m, d, c) for m, d, c in zip(models, datas, cfgs)]
     if keys[0] is None:
         raise FeaturelabError("configs has an lbfgs phase, which cannot be batched; use train() per model")
@@ -220,6 +233,8 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
     errors: list[FeaturelabError | None] = [None] * M
     rows: list[list[dict]] = [[] for _ in range(M)]
     lr_scale = torch.ones(M, dtype=torch.float64, device=dev)
+    capped = torch.zeros(M, dtype=torch.int64, device=dev)  # steps cut by the trust region, per member
+    log_capped = any(p.max_step is not None for p in cfg0.phases)
 
     def data_on(dtype):
         ds = [d.to(dtype=dtype, device=dev) for d in (datas[:1] if shared_data else datas)]
@@ -256,7 +271,12 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
                 continue
             row = {"step": step, "phase": phase_idx, "lr": float(lr[i]) if lr is not None else float("nan")}
             row.update(evaluate(m, ds[i], cfgs[i]))
+            if log_capped:
+                row["capped_steps"] = int(capped[i])
             row["seconds"] = now
+            for cb in cbs[i]:
+                if hasattr(cb, "on_log"):
+                    cb.on_log(step, m, row)
             rows[i].append(row)
 
     def checkpoint(step, finished, phase, opt_state):
@@ -267,7 +287,7 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
             if phase is not None:
                 opt = _torch_optimizer(phase, m, opt_state, i)
             info = {"step": step, "done": finished, "history": rows[i], "lr_scale": float(lr_scale[i]),
-                    "dtype": str(stack.dtype).replace("torch.", ""), "rho_history": getattr(m, "rho_history", [])}
+                    "capped_steps": int(capped[i]), "dtype": str(stack.dtype).replace("torch.", ""), "rho_history": getattr(m, "rho_history", [])}
             save_checkpoint(dirs[i], m, opt, info)
 
     def schedule(phase, k, lr0, lr_min):
@@ -277,8 +297,7 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
         if phase.schedule == "cosine":
             return lr_min + (lr0 - lr_min) * 0.5 * (1 + math.cos(math.pi * k / max(phase.steps, 1)))
         power = phase.norm_power if phase.norm_power is not None else getattr(models[0], "depth", 2) - 2
-        sq = sum((p.detach() ** 2).flatten(1).sum(1) for p in stack.params.values())
-        return torch.clamp(lr0 / torch.sqrt(sq).double() ** power, min=lr_min)
+        return torch.clamp(lr0 / _member_norm(stack.params.values()) ** power, min=lr_min)
 
     def member_rates(phase_idx):
         phases = [c.phases[phase_idx] for c in cfgs]
@@ -307,9 +326,9 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
             if phase.batch_size is not None and phase.batch_size < X.shape[-2]:
                 n = X.shape[-2]
                 if shared_data and all(c.seed == cfg0.seed for c in cfgs):
-                    idx = _batches(n, phase.batch_size, cfg0.seed, step, dev)  # one batch for all: (B,)
-                else:
-                    idx = torch.stack([_batches(n, phase.batch_size, c.seed, step, dev) for c in cfgs])  # (M, B)
+                    idx = _batches(n, phase.batch_size, cfg0.seed, step, dev, phase.drop_last)  # one for all: (B,)
+                else:  # (M, B)
+                    idx = torch.stack([_batches(n, phase.batch_size, c.seed, step, dev, phase.drop_last) for c in cfgs])
             if phase.guard_window and snapshot is None:
                 with torch.no_grad():
                     snapshot = (sum(losses(X, Y, idx)), {n_: p.detach().clone() for n_, p in stack.params.items()})
@@ -317,6 +336,12 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
                 p.grad = None
             sum(losses(X, Y, idx)).sum().backward()
             with torch.no_grad():
+                if phase.max_step is not None:  # trainer's trust region ‖Δθ_i‖ <= max_step·‖θ_i‖, per member
+                    cap = (phase.max_step * _member_norm(stack.params.values())
+                           / _member_norm(p.grad for p in stack.params.values()))
+                    cut = cap < lr  # inf/NaN never cut
+                    capped += cut.long()
+                    lr = torch.where(cut, cap, lr)
                 _update(phase, stack, opt_state, lr)
             if phase.guard_window and (k + 1) % phase.guard_window == 0:  # trainer's guard, per member
                 with torch.no_grad():

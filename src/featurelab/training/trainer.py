@@ -17,9 +17,10 @@ from typing import Callable, Literal
 
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
+from ..config import Validated
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
 from ..runtime import resolve_device
@@ -28,7 +29,7 @@ from .checkpoint import load_checkpoint, restore_optimizer, save_checkpoint, sav
 from .objectives import data_cost, error_rate
 
 
-class Phase(BaseModel):
+class Phase(Validated):
     """One training phase.
 
     optimizer: "adam", "sgd" (plain, optional momentum; full batch = GD) or "lbfgs" (strong-Wolfe).
@@ -45,7 +46,6 @@ class Phase(BaseModel):
         (Part 4 §6 digits preset, docs/saddle-to-saddle.md).
     """
 
-    model_config = ConfigDict(extra="forbid")
     optimizer: Literal["adam", "sgd", "lbfgs"] = "adam"
     steps: int = Field(ge=0)
     lr: float = Field(gt=0)
@@ -70,7 +70,7 @@ class Phase(BaseModel):
         return self
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(Validated):
     """What to minimise and how: ``C + model.penalty(lam)`` over `phases`.
 
     log_every: steps between history rows (and the only host-device syncs).
@@ -79,7 +79,6 @@ class TrainConfig(BaseModel):
     seed: seed of the mini-batch order.
     """
 
-    model_config = ConfigDict(extra="forbid")
     objective: Literal["mse", "cross_entropy", "logistic"] = "mse"
     lam: float = Field(0.0, ge=0)
     phases: list[Phase]
