@@ -1,7 +1,8 @@
 """Validated configs: presets, ``--set key=value`` overrides and one-line errors.
 
-Every experiment's config is a pydantic model with ``extra="forbid"``, so a wrong key, type or range
-becomes a `FeaturelabError` naming the field, the value and what is allowed.
+Every config (each experiment's, and the trainer's `Phase` and `TrainConfig`) is a `Validated` pydantic
+model with ``extra="forbid"``, so a wrong key, type or range becomes a one-line `FeaturelabError` naming
+the field, the value and what is allowed, from the CLI and the Python API alike.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class Validated(BaseModel):
 class ExperimentConfig(Validated):
     """Base of every experiment config: unknown keys are errors; `seed` is the master seed."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(validate_assignment=True)  # merged with Validated's extra="forbid"
     seed: int = 0
 
 

@@ -11,9 +11,9 @@ share an ensemble.
 
 Adam and SGD (with momentum, or plain with `train`'s relative trust region ``max_step``) are applied
 to the stacked tensors with torch's own update formulas, so each member follows exactly the run
-`train` would give it: in float64 the two agree to rounding
-(the batched matmuls sum in another order), see docs/scale.md for the measured agreement. L-BFGS
-(a line search per member) is not batched: `ensemble_key` returns None for such runs.
+`train` would give it: in float64 the two agree to rounding (the batched matmuls sum in another
+order), see docs/scale.md for the measured agreement. L-BFGS (a line search per member) is not
+batched: `ensemble_key` returns None for such runs.
 
 Every member gets `train`'s run record in its own folder (``history.csv``, ``model.safetensors``
 and a ``checkpoint.safetensors`` in `train`'s format, optimizer state included), so a member can be
@@ -40,7 +40,7 @@ from ..runtime import resolve_device
 from ..runs.io import write_text
 from .checkpoint import save_checkpoint, save_model
 from .objectives import data_cost
-from .trainer import TrainConfig, TrainResult, _batches, evaluate
+from .trainer import TrainConfig, TrainResult, _batches, evaluate, trust_region
 
 PER_MEMBER_PHASE_FIELDS = ("lr", "lr_min")
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which `train` uses
@@ -287,7 +287,8 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
             if phase is not None:
                 opt = _torch_optimizer(phase, m, opt_state, i)
             info = {"step": step, "done": finished, "history": rows[i], "lr_scale": float(lr_scale[i]),
-                    "capped_steps": int(capped[i]), "dtype": str(stack.dtype).replace("torch.", ""), "rho_history": getattr(m, "rho_history", [])}
+                    "capped_steps": int(capped[i]), "dtype": str(stack.dtype).replace("torch.", ""),
+                    "rho_history": getattr(m, "rho_history", [])}
             save_checkpoint(dirs[i], m, opt, info)
 
     def schedule(phase, k, lr0, lr_min):
@@ -337,11 +338,9 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
             sum(losses(X, Y, idx)).sum().backward()
             with torch.no_grad():
                 if phase.max_step is not None:  # trainer's trust region ‖Δθ_i‖ <= max_step·‖θ_i‖, per member
-                    cap = (phase.max_step * _member_norm(stack.params.values())
-                           / _member_norm(p.grad for p in stack.params.values()))
-                    cut = cap < lr  # inf/NaN never cut
+                    lr, cut = trust_region(lr, phase.max_step, _member_norm(stack.params.values()),
+                                           _member_norm(p.grad for p in stack.params.values()))
                     capped += cut.long()
-                    lr = torch.where(cut, cap, lr)
                 _update(phase, stack, opt_state, lr)
             if phase.guard_window and (k + 1) % phase.guard_window == 0:  # trainer's guard, per member
                 with torch.no_grad():

@@ -113,6 +113,15 @@ def _lr(phase: Phase, k: int, model: torch.nn.Module):
     return torch.clamp(phase.lr / param_norm(model) ** power, min=phase.lr_min)
 
 
+def trust_region(lr, max_step: float, theta_norm: torch.Tensor, grad_norm: torch.Tensor):
+    """Phase.max_step: the step's lr cut to ``max_step·‖θ‖/‖g‖`` where ``lr·‖g‖`` would exceed
+    ``max_step·‖θ‖``. Works per member on ``(M,)`` norms. Returns ``(lr, cut)``, `cut` a bool tensor
+    (inf/NaN caps never cut)."""
+    cap = max_step * theta_norm / grad_norm
+    cut = cap < lr
+    return torch.where(cut, cap, lr), cut
+
+
 def _optimizer(phase: Phase, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     if phase.optimizer == "adam":
         return torch.optim.Adam(params, lr=phase.lr)
@@ -267,10 +276,8 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
                     with torch.no_grad():
                         if phase.max_step is not None:  # trust region ‖Δθ‖ <= max_step·‖θ‖
                             grad_norm = torch.sqrt(sum((p.grad ** 2).sum() for p in params))
-                            cap = phase.max_step * param_norm(model) / grad_norm  # inf/NaN never cut
-                            cut = cap < lr
+                            lr, cut = trust_region(lr, phase.max_step, param_norm(model), grad_norm)
                             state["capped"] += cut.long()
-                            lr = torch.where(cut, cap, lr)
                         for p in params:
                             p.sub_(lr * p.grad)
                 else:
