@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 FL     := $(VENV)/bin/featurelab
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow test-gpu lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,15 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/pyright
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix src tests
+	$(VENV)/bin/ruff format src tests
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

@@ -1,5 +1,6 @@
 """Shared test set-up: one torch thread (featurelab's small matrices lose to thread overhead), float64
 reference computations where a test asks for them, and a headless matplotlib."""
+
 import matplotlib
 import pytest
 import torch

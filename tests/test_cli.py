@@ -1,5 +1,6 @@
 """End to end through the command line: a tiny run writes a complete run folder, bad input is one
 line, finished work is skipped on --resume, and an existing run is never overwritten."""
+
 import json
 import subprocess
 import sys
@@ -9,8 +10,9 @@ import yaml
 
 
 def featurelab(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "featurelab.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "featurelab.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")

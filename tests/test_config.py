@@ -1,4 +1,5 @@
 """Config validation: a wrong key, type or range is one line naming the field and what is allowed."""
+
 import pytest
 
 import featurelab as fl
@@ -13,31 +14,48 @@ def test_parse_overrides_types_and_nesting():
         parse_overrides(["lam"])
 
 
-@pytest.mark.parametrize("overrides,pattern", [
-    ({"lam": -1}, r"^lam=-1 is not allowed for leaky-bottleneck: Input should be greater than 0$"),
-    ({"lamda": 1}, r"^unknown key 'lamda' for leaky-bottleneck; allowed keys: seed, .*lam"),
-    ({"depth": "abc"}, r"^depth='abc' is not allowed for leaky-bottleneck: .*integer"),
-    ({"steps": "random"}, r"^steps='random' is not allowed .*'equidistant', 'irregular' or 'adaptive'"),
-    ({"effective_depth": 20}, r"^invalid config for leaky-bottleneck: depth=16 is too small"),
-])
+@pytest.mark.parametrize(
+    "overrides,pattern",
+    [
+        ({"lam": -1}, r"^lam=-1 is not allowed for leaky-bottleneck: Input should be greater than 0$"),
+        ({"lamda": 1}, r"^unknown key 'lamda' for leaky-bottleneck; allowed keys: seed, .*lam"),
+        ({"depth": "abc"}, r"^depth='abc' is not allowed for leaky-bottleneck: .*integer"),
+        ({"steps": "random"}, r"^steps='random' is not allowed .*'equidistant', 'irregular' or 'adaptive'"),
+        ({"effective_depth": 20}, r"^invalid config for leaky-bottleneck: depth=16 is too small"),
+    ],
+)
 def test_config_errors_are_one_line(overrides, pattern):
     with pytest.raises(fl.FeaturelabError, match=pattern) as err:
         resolve_config("leaky-bottleneck", "quick", overrides)
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("build,pattern", [
-    (lambda: fl.Phase(steps=10, lr=0.1, optimizer="adam", max_step=0.2),
-     r"^invalid config for Phase: max_step needs optimizer 'sgd' without momentum$"),
-    (lambda: fl.Phase(steps=10, lr=-1.0), r"^lr=-1.0 is not allowed for Phase: Input should be greater than 0$"),
-    (lambda: fl.TrainConfig(phases=[{"steps": -1, "lr": 0.1}]),
-     r"^phases.0.steps=-1 is not allowed for TrainConfig: Input should be greater than or equal to 0$"),
-    (lambda: fl.TrainConfig.model_validate({"phases": [], "objective": "hinge"}),
-     r"^objective='hinge' is not allowed for TrainConfig: Input should be 'mse', 'cross_entropy' or 'logistic'$"),
-    (lambda: fl.TrainConfig(phases=[], lamda=1.0), r"^unknown key 'lamda' for TrainConfig; allowed keys: objective, lam"),
-    (lambda: setattr(resolve_config("leaky-bottleneck", "quick")[1], "lam", -1.0),
-     r"^lam=-1.0 is not allowed for Config: Input should be greater than 0$"),
-])
+@pytest.mark.parametrize(
+    "build,pattern",
+    [
+        (
+            lambda: fl.Phase(steps=10, lr=0.1, optimizer="adam", max_step=0.2),
+            r"^invalid config for Phase: max_step needs optimizer 'sgd' without momentum$",
+        ),
+        (lambda: fl.Phase(steps=10, lr=-1.0), r"^lr=-1.0 is not allowed for Phase: Input should be greater than 0$"),
+        (
+            lambda: fl.TrainConfig(phases=[{"steps": -1, "lr": 0.1}]),
+            r"^phases.0.steps=-1 is not allowed for TrainConfig: Input should be greater than or equal to 0$",
+        ),
+        (
+            lambda: fl.TrainConfig.model_validate({"phases": [], "objective": "hinge"}),
+            r"^objective='hinge' is not allowed for TrainConfig: Input should be 'mse', 'cross_entropy' or 'logistic'$",
+        ),
+        (
+            lambda: fl.TrainConfig(phases=[], lamda=1.0),
+            r"^unknown key 'lamda' for TrainConfig; allowed keys: objective, lam",
+        ),
+        (
+            lambda: setattr(resolve_config("leaky-bottleneck", "quick")[1], "lam", -1.0),
+            r"^lam=-1.0 is not allowed for Config: Input should be greater than 0$",
+        ),
+    ],
+)
 def test_python_api_config_errors_are_one_line(build, pattern):
     """The Python API says the same one line as the CLI, not pydantic's multi-line report."""
     with pytest.raises(fl.FeaturelabError, match=pattern) as err:

@@ -1,5 +1,6 @@
 """Models: the rows convention, forward passes against independent numpy references, penalties,
-and the Leaky-ResNet layer-step schemes (THEORY.md Part 1 §1-§2, Part 3 §1)."""
+and the Leaky-ResNet layer-step schemes (docs/theory/leaky-resnets.md §1-§2, Part 3 §1)."""
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +10,7 @@ from featurelab.models import adaptive_update
 
 
 def numpy_mlp(Ws, X, beta, leak):
-    """Reference forward pass in numpy with columns as samples (THEORY.md's convention)."""
+    """Reference forward pass in numpy with columns as samples (the papers' convention)."""
     Z = X.T
     for l, W in enumerate(Ws):
         inp = np.vstack([Z, beta * np.ones((1, Z.shape[1]))]) if beta > 0 else Z
@@ -101,8 +102,9 @@ def test_leaky_resnet_penalty_against_hand_computation():
     W = model.W.detach().numpy()
     hand = 0.02 / (2 * 1.5) * sum(rho[l].item() * (W[l] ** 2).sum() for l in range(4))
     assert model.penalty(0.02).item() == pytest.approx(hand, rel=1e-13)
-    learned = fl.LeakyResNet(2, 2, 3, depth=4, effective_depth=1.5, steps=rho, io="learned", seed=1,
-                             dtype=torch.float64)
+    learned = fl.LeakyResNet(
+        2, 2, 3, depth=4, effective_depth=1.5, steps=rho, io="learned", seed=1, dtype=torch.float64
+    )
     extra = 0.02 / 2 * 4  # ‖U‖² = d_in = 2 and ‖V‖² = d_out = 2 for isometries
     assert learned.penalty(0.02).item() == pytest.approx(hand + extra, rel=1e-12)
 
@@ -116,8 +118,8 @@ def test_identity_init_is_scaled_identity_plus_small_noise():
 # ------------------------------------------------------------------------- step schemes
 @pytest.mark.parametrize("L", [5, 8, 13, 50])
 def test_step_schemes_sum_to_one(L):
-    assert fl.equidistant_steps(L).sum().item() == pytest.approx(1.0, abs=1e-12)
-    assert fl.irregular_steps(L, 0.5).sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert fl.models.equidistant_steps(L).sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert fl.models.irregular_steps(L, 0.5).sum().item() == pytest.approx(1.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("L,a", [(10, 0.5), (11, 0.5), (20, 0.9)])
@@ -126,9 +128,9 @@ def test_irregular_formula(L, a):
     raw = 1 / L + (a / L) * (0.25 - np.abs(l / L - 0.5))
     expected_sum = 1.0 if L % 2 == 0 else 1 - a / (4 * L**2)
     assert raw.sum() == pytest.approx(expected_sum, abs=1e-14)
-    np.testing.assert_allclose(fl.irregular_steps(L, a).numpy(), raw / raw.sum(), rtol=1e-14)
+    np.testing.assert_allclose(fl.models.irregular_steps(L, a).numpy(), raw / raw.sum(), rtol=1e-14)
     if L % 2 == 0:
-        assert fl.irregular_steps(L, a).max().item() == pytest.approx((1 + a / 4) / L, rel=1e-14)
+        assert fl.models.irregular_steps(L, a).max().item() == pytest.approx((1 + a / 4) / L, rel=1e-14)
 
 
 def test_invalid_steps_are_refused_unless_allowed():
@@ -156,11 +158,11 @@ def test_adaptive_update_fixed_point_and_hand_computation():
 def test_projection_onto_bounded_simplex():
     rho = torch.tensor([0.001, 0.5, 0.3, 0.1, 0.05, 0.049], dtype=torch.float64)
     low, high = 0.1 / 6, 0.9 / 3
-    p = fl.project_steps(rho, low, high)
+    p = fl.models.project_steps(rho, low, high)
     assert p.sum().item() == pytest.approx(1.0, abs=1e-12)
     assert (p >= low - 1e-15).all() and (p <= high + 1e-15).all()
     with pytest.raises(fl.FeaturelabError):
-        fl.project_steps(rho, 0.5, 0.9)
+        fl.models.project_steps(rho, 0.5, 0.9)
 
 
 def test_adapt_steps_keeps_weights_and_bounds():

@@ -1,5 +1,6 @@
-"""Trainer: objectives in THEORY.md Part 0's normalisation, determinism, schedules, checkpoints and
+"""Trainer: objectives in docs/theory/conventions.md's normalisation, determinism, schedules, checkpoints and
 an interrupted run resumed to the same result as an uninterrupted one."""
+
 import math
 
 import numpy as np
@@ -13,7 +14,7 @@ from featurelab.training import data_cost, load_model, save_model
 
 
 def small_problem(n=40):
-    data = fl.bottleneck_teacher((4, 2, 3), hidden=16, n_train=n, n_test=n, teacher_seed=0, data_seed=1)
+    data = fl.data.bottleneck_teacher((4, 2, 3), hidden=16, n_train=n, n_test=n, teacher_seed=0, data_seed=1)
     return data
 
 
@@ -34,17 +35,24 @@ def test_cross_entropy_and_logistic_against_hand_formulas():
 
 
 def config(**kw):
-    base = dict(objective="mse", lam=0.01, log_every=10, phases=[
-        {"optimizer": "adam", "steps": 30, "lr": 1e-2, "schedule": "cosine", "lr_min": 1e-4},
-        {"optimizer": "sgd", "steps": 20, "lr": 1e-2, "batch_size": 16}])
+    base = dict(
+        objective="mse",
+        lam=0.01,
+        log_every=10,
+        phases=[
+            {"optimizer": "adam", "steps": 30, "lr": 1e-2, "schedule": "cosine", "lr_min": 1e-4},
+            {"optimizer": "sgd", "steps": 20, "lr": 1e-2, "batch_size": 16},
+        ],
+    )
     base.update(kw)
     return fl.TrainConfig(**base)
 
 
 def test_same_seed_gives_identical_history():
     data = small_problem()
-    runs = [fl.train(fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=7), data, config(), progress=False).history
-            for _ in range(2)]
+    runs = [
+        fl.train(fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=7), data, config(), progress=False).history for _ in range(2)
+    ]
     cols = [c for c in runs[0].columns if c != "seconds"]
     pd.testing.assert_frame_equal(runs[0][cols], runs[1][cols], check_exact=True)
     assert list(runs[0]["step"]) == [0, 10, 20, 30, 40, 50]
@@ -65,8 +73,12 @@ def test_loss_is_cost_plus_model_penalty():
 
 def test_cosine_and_inverse_norm_schedules():
     data = small_problem()
-    res = fl.train(fl.MLP(4, 3, 8, depth=3, seed=1), data, config(phases=[
-        {"optimizer": "adam", "steps": 40, "lr": 1e-2, "schedule": "cosine", "lr_min": 1e-4}]), progress=False)
+    res = fl.train(
+        fl.MLP(4, 3, 8, depth=3, seed=1),
+        data,
+        config(phases=[{"optimizer": "adam", "steps": 40, "lr": 1e-2, "schedule": "cosine", "lr_min": 1e-4}]),
+        progress=False,
+    )
     lrs = res.history["lr"].iloc[1:].to_numpy()
     k = np.array([9, 19, 29, 39])  # the lr used by the step that ends at the log step
     np.testing.assert_allclose(lrs, 1e-4 + (1e-2 - 1e-4) * 0.5 * (1 + np.cos(np.pi * k / 40)), rtol=1e-12)
@@ -91,8 +103,10 @@ def test_cosine_and_inverse_norm_schedules():
 def test_max_step_is_a_relative_trust_region():
     """Phase.max_step: a step is θ − lr·g when lr‖g‖ <= κ‖θ‖, else θ − κ‖θ‖ g/‖g‖ (computed by hand)."""
     data = small_problem()
-    theta0 = [p.detach().clone() for p in fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3,
-                                                   dtype=torch.float64).parameters()]
+    theta0 = [
+        p.detach().clone()
+        for p in fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64).parameters()
+    ]
     ref = fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64)
     grads = torch.autograd.grad(data_cost("mse", ref(data.X_train), data.Y_train), list(ref.parameters()))
     g_norm = torch.sqrt(sum((g**2).sum() for g in grads))
@@ -152,8 +166,9 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path):
     cols = [c for c in ref.history.columns if c != "seconds"]
     pd.testing.assert_frame_equal(ref.history[cols], res.history[cols], check_exact=True)
     # a finished run is loaded, not retrained
-    again = fl.train(fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=0), data, cfg, run_dir=tmp_path, resume=True,
-                     progress=False)
+    again = fl.train(
+        fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=0), data, cfg, run_dir=tmp_path, resume=True, progress=False
+    )
     assert again.resumed_from == 50
     assert all(torch.equal(a, b) for a, b in zip(again.model.parameters(), fresh.parameters()))
 
@@ -164,8 +179,9 @@ def test_guard_restores_and_halves_lr_when_loss_rises():
 
     def run(guard):
         model = fl.MLP(4, 3, 8, depth=2, leak=1.0, seed=1, dtype=torch.float64)
-        cfg = fl.TrainConfig(objective="mse", log_every=10, phases=[
-            {"optimizer": "sgd", "steps": 200, "lr": 0.6, "guard_window": guard}])
+        cfg = fl.TrainConfig(
+            objective="mse", log_every=10, phases=[{"optimizer": "sgd", "steps": 200, "lr": 0.6, "guard_window": guard}]
+        )
         return fl.train(model, data, cfg, progress=False)
 
     with pytest.raises(fl.FeaturelabError, match="diverged at step 10"):
@@ -178,8 +194,12 @@ def test_guard_restores_and_halves_lr_when_loss_rises():
 def test_adaptive_steps_are_updated_by_the_trainer_and_frozen_at_the_end():
     data = small_problem()
     model = fl.LeakyResNet(4, 3, 6, depth=10, effective_depth=3.0, steps="adaptive", seed=0)
-    cfg = fl.TrainConfig(objective="mse", lam=0.01, log_every=50, phases=[
-        {"optimizer": "adam", "steps": 500, "lr": 1e-3, "adapt_every": 100}])
+    cfg = fl.TrainConfig(
+        objective="mse",
+        lam=0.01,
+        log_every=50,
+        phases=[{"optimizer": "adam", "steps": 500, "lr": 1e-3, "adapt_every": 100}],
+    )
     fl.train(model, data, cfg, progress=False)
     assert len(model.rho_history) == 4  # updates at 100..400; the last 10% (450..500) is frozen
     assert model.rho.sum().item() == pytest.approx(1.0, abs=1e-12)

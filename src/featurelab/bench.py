@@ -1,14 +1,14 @@
 """``featurelab bench``: how fast featurelab runs here, each figure against a baseline timed in the same run.
 
 (a) one full-batch training step (forward, backward, Adam) of the paper-size Leaky ResNet (L = 50,
-    w = 200, N = 1000, d = 20; THEORY.md Part 1 §5.2): achieved GFLOP/s, and its fraction of this
+    w = 200, N = 1000, d = 20; docs/theory/leaky-resnets.md §5.2): achieved GFLOP/s, and its fraction of this
     machine's fp32 matmul peak (a 2048 x 2048 matmul timed in the same run). FLOPs counted: the
-    matmuls, 6·L·N·w·(w+1) per step (2 forward, 4 backward), i.e. 12.06 GFLOP; 30 000 steps are the
-    issue's 360 TFLOP.
+    matmuls, 6·L·N·w·(w+1) per step (2 forward, 4 backward), i.e. 12.06 GFLOP; 30 000 steps are
+    360 TFLOP.
 (b) 16 small MLPs of the digits width sweep (64 -> 16 -> 16 -> 10, bias, cross-entropy, N = 1000,
-    Adam; THEORY.md Part 3 §6) trained as one ensemble (`train_ensemble`) versus one after another
+    Adam; docs/theory/sparsity.md §6) trained as one ensemble (`train_ensemble`) versus one after another
     with `train`, same steps: speedup ratio.
-(c) 64 escape-direction restarts (circle data N = 8, depth 3, width 10; THEORY.md Part 4 §5)
+(c) 64 escape-direction restarts (circle data N = 8, depth 3, width 10; docs/theory/saddle-to-saddle.md §5)
     batched in one `find_escape_directions` call versus 64 calls with ``restarts=1``: speedup ratio.
 (d) `geodesic_diagnostics` of the paper-size network: seconds, and as a multiple of one step of (a).
 (e) the end-to-end wall time of each experiment's quick preset (budget: 5 minutes each).
@@ -16,6 +16,7 @@ Targets (benchmarks, never tests): (a) >= 75% of peak, (b) >= 5x, (c) >= 10x, (d
 Nothing here changes torch's global thread settings: every figure, and its baseline, uses the process's
 threads (the CLI sets them with ``--threads``, default 1 like a sweep worker; (e) runs its own workers).
 """
+
 from __future__ import annotations
 
 import json
@@ -103,17 +104,30 @@ def bench_step(device: torch.device) -> dict:
     flops = 6 * p["depth"] * p["n"] * p["width"] * (p["width"] + 1)
     peak, peak_cpu = matmul_peak(device)
     achieved = flops / seconds / 1e9
-    return {"step_seconds": seconds, "gflop_per_step": flops / 1e9, "achieved_gflops": achieved,
-            "baseline_peak_gflops": peak, "fraction_of_peak": achieved / peak, "step_cpu_seconds": cpu,
-            "fraction_of_peak_by_cpu_time": (flops / cpu / 1e9) / peak_cpu,
-            "target": f">= {TARGETS['a']:.0%} of peak", "reached": achieved / peak >= TARGETS["a"]}
+    return {
+        "step_seconds": seconds,
+        "gflop_per_step": flops / 1e9,
+        "achieved_gflops": achieved,
+        "baseline_peak_gflops": peak,
+        "fraction_of_peak": achieved / peak,
+        "step_cpu_seconds": cpu,
+        "fraction_of_peak_by_cpu_time": (flops / cpu / 1e9) / peak_cpu,
+        "target": f">= {TARGETS['a']:.0%} of peak",
+        "reached": achieved / peak >= TARGETS["a"],
+    }
 
 
 def _speedup(batched: Stopwatch, looped: Stopwatch, target: float) -> dict:
-    return {"batched_seconds": batched.wall, "baseline_looped_seconds": looped.wall, "speedup": looped.wall / batched.wall,
-            "batched_cpu_seconds": batched.cpu, "baseline_looped_cpu_seconds": looped.cpu,
-            "cpu_speedup": looped.cpu / batched.cpu, "target": f">= {target:g}x",
-            "reached": looped.wall / batched.wall >= target}
+    return {
+        "batched_seconds": batched.wall,
+        "baseline_looped_seconds": looped.wall,
+        "speedup": looped.wall / batched.wall,
+        "batched_cpu_seconds": batched.cpu,
+        "baseline_looped_cpu_seconds": looped.cpu,
+        "cpu_speedup": looped.cpu / batched.cpu,
+        "target": f">= {target:g}x",
+        "reached": looped.wall / batched.wall >= target,
+    }
 
 
 def bench_ensemble(device: torch.device, members: int = 16, steps: int = 200) -> dict:
@@ -124,8 +138,13 @@ def bench_ensemble(device: torch.device, members: int = 16, steps: int = 200) ->
     from .training.ensemble import train_ensemble
 
     data = digits(1000, seed=0)
-    config = TrainConfig(objective="cross_entropy", lam=1e-3, log_every=steps, top_singular_values=0,
-                         phases=[Phase(optimizer="adam", steps=steps, lr=1e-2)])
+    config = TrainConfig(
+        objective="cross_entropy",
+        lam=1e-3,
+        log_every=steps,
+        top_singular_values=0,
+        phases=[Phase(optimizer="adam", steps=steps, lr=1e-2)],
+    )
     make = lambda i: MLP(64, 10, 16, 3, bias=1.0, seed=i)  # noqa: E731
     warm = config.model_copy(update={"phases": [Phase(optimizer="adam", steps=2, lr=1e-2)], "log_every": 2})
     train(make(0), data, warm, device=str(device), progress=False)
@@ -143,7 +162,8 @@ def bench_ensemble(device: torch.device, members: int = 16, steps: int = 200) ->
 
 def bench_escape(restarts: int = 64, steps: int = 500) -> dict:
     """(c): `restarts` escape-direction restarts in one batched search versus one call per restart."""
-    from . import circle_dataset, find_escape_directions
+    from .data import circle_dataset
+    from .measurements import find_escape_directions
 
     X, G = circle_dataset(8)
     kw = {"depth": 3, "width": 10, "steps": steps, "tail": min(100, steps)}
@@ -158,7 +178,7 @@ def bench_escape(restarts: int = 64, steps: int = 500) -> dict:
 
 def bench_diagnostics(device: torch.device, step_seconds: float | None = None) -> dict:
     """(d): seconds of `geodesic_diagnostics` on the paper-size network, and in training steps."""
-    from . import geodesic_diagnostics
+    from .measurements import geodesic_diagnostics
 
     model, data, step = paper_network(device)
     if step_seconds is None:
@@ -167,8 +187,13 @@ def bench_diagnostics(device: torch.device, step_seconds: float | None = None) -
     geodesic_diagnostics(model, data.X_train, data.Y_train, PAPER["lam"])
     _sync(device)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "baseline_step_seconds": step_seconds, "in_steps": seconds / step_seconds,
-            "target": f"<= {TARGETS['d']:g} steps", "reached": seconds / step_seconds <= TARGETS["d"]}
+    return {
+        "seconds": seconds,
+        "baseline_step_seconds": step_seconds,
+        "in_steps": seconds / step_seconds,
+        "target": f"<= {TARGETS['d']:g} steps",
+        "reached": seconds / step_seconds <= TARGETS["d"],
+    }
 
 
 def bench_quick_presets(names: list[str], device: str, echo=print) -> dict:
@@ -187,8 +212,13 @@ def bench_quick_presets(names: list[str], device: str, echo=print) -> dict:
             except FeaturelabError as exc:
                 claims, error = "error", str(exc)
             seconds = time.perf_counter() - t0
-            out[name] = {"seconds": seconds, "claims_passed": claims, "error": error,
-                         "baseline_budget_seconds": TARGETS["e"], "reached": error is None and seconds <= TARGETS["e"]}
+            out[name] = {
+                "seconds": seconds,
+                "claims_passed": claims,
+                "error": error,
+                "baseline_budget_seconds": TARGETS["e"],
+                "reached": error is None and seconds <= TARGETS["e"],
+            }
             echo(f"(e) {name}: {seconds:.1f} s, claims {claims}" + (f" ({error})" if error else ""))
     return out
 
@@ -197,29 +227,69 @@ def _rows(results: dict) -> list[tuple[str, str, str, str, str]]:
     rows = []
     if "a" in results:
         r = results["a"]
-        rows.append(("(a) paper ResNet step", f"{r['achieved_gflops']:.1f} GFLOP/s = {r['fraction_of_peak']:.0%} of peak "
-                     f"(CPU time: {r['fraction_of_peak_by_cpu_time']:.0%})",
-                     f"matmul peak {r['baseline_peak_gflops']:.1f} GFLOP/s", r["target"], str(r["reached"])))
+        rows.append(
+            (
+                "(a) paper ResNet step",
+                f"{r['achieved_gflops']:.1f} GFLOP/s = {r['fraction_of_peak']:.0%} of peak "
+                f"(CPU time: {r['fraction_of_peak_by_cpu_time']:.0%})",
+                f"matmul peak {r['baseline_peak_gflops']:.1f} GFLOP/s",
+                r["target"],
+                str(r["reached"]),
+            )
+        )
     if "b" in results:
         r = results["b"]
-        rows.append((f"(b) {r['members']} MLPs batched", f"{r['speedup']:.1f}x ({r['batched_seconds']:.2f} s; CPU {r['cpu_speedup']:.1f}x)",
-                     f"looped {r['baseline_looped_seconds']:.2f} s", r["target"], str(r["reached"])))
+        rows.append(
+            (
+                f"(b) {r['members']} MLPs batched",
+                f"{r['speedup']:.1f}x ({r['batched_seconds']:.2f} s; CPU {r['cpu_speedup']:.1f}x)",
+                f"looped {r['baseline_looped_seconds']:.2f} s",
+                r["target"],
+                str(r["reached"]),
+            )
+        )
     if "c" in results:
         r = results["c"]
-        rows.append((f"(c) {r['restarts']} escape restarts", f"{r['speedup']:.1f}x ({r['batched_seconds']:.2f} s; CPU {r['cpu_speedup']:.1f}x)",
-                     f"looped {r['baseline_looped_seconds']:.2f} s", r["target"], str(r["reached"])))
+        rows.append(
+            (
+                f"(c) {r['restarts']} escape restarts",
+                f"{r['speedup']:.1f}x ({r['batched_seconds']:.2f} s; CPU {r['cpu_speedup']:.1f}x)",
+                f"looped {r['baseline_looped_seconds']:.2f} s",
+                r["target"],
+                str(r["reached"]),
+            )
+        )
     if "d" in results:
         r = results["d"]
-        rows.append(("(d) geodesic diagnostics", f"{r['seconds']:.2f} s = {r['in_steps']:.1f} steps",
-                     f"step {r['baseline_step_seconds']:.3f} s", r["target"], str(r["reached"])))
+        rows.append(
+            (
+                "(d) geodesic diagnostics",
+                f"{r['seconds']:.2f} s = {r['in_steps']:.1f} steps",
+                f"step {r['baseline_step_seconds']:.3f} s",
+                r["target"],
+                str(r["reached"]),
+            )
+        )
     for name, r in results.get("e", {}).items():
-        rows.append((f"(e) {name} quick", f"{r['seconds']:.1f} s, claims {r['claims_passed']}",
-                     f"budget {r['baseline_budget_seconds']:.0f} s", "<= budget", str(r["reached"])))
+        rows.append(
+            (
+                f"(e) {name} quick",
+                f"{r['seconds']:.1f} s, claims {r['claims_passed']}",
+                f"budget {r['baseline_budget_seconds']:.0f} s",
+                "<= budget",
+                str(r["reached"]),
+            )
+        )
     return rows
 
 
-def run_bench(only: list[str] | None = None, experiments: list[str] | None = None, out: str | Path = "bench.json",
-              device: str = "cpu", echo=print) -> dict:
+def run_bench(
+    only: list[str] | None = None,
+    experiments: list[str] | None = None,
+    out: str | Path = "bench.json",
+    device: str = "cpu",
+    echo=print,
+) -> dict:
     """Measure the figures in `only` (default all of a-e), print a table, write JSON to `out`; returns it.
 
     experiments: the experiments whose quick presets (e) times (default: every registered one).

@@ -2,6 +2,7 @@
 
 Conventions: samples are rows, so a data matrix is ``N x d``.
 """
+
 from __future__ import annotations
 
 import math

@@ -3,6 +3,7 @@
 A user's mistake (bad key, value, path, device) prints one line ``featurelab: error: ...`` and exits
 with status 2; never a stack trace.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,15 +24,28 @@ def _cmd_run(args) -> int:
     from .config import parse_overrides
     from .runs.runner import run_experiment
 
-    record = run_experiment(args.experiment, preset=args.preset, overrides=parse_overrides(args.set or []),
-                            out=args.out, device=args.device, seed=args.seed, resume=args.resume,
-                            workers=args.workers, threads=args.threads,
-                            progress=None if not args.quiet else False, batch=not args.no_batch,
-                            backend=args.backend, address=args.address, retries=args.retries)
+    record = run_experiment(
+        args.experiment,
+        preset=args.preset,
+        overrides=parse_overrides(args.set or []),
+        out=args.out,
+        device=args.device,
+        seed=args.seed,
+        resume=args.resume,
+        workers=args.workers,
+        threads=args.threads,
+        progress=None if not args.quiet else False,
+        batch=not args.no_batch,
+        backend=args.backend,
+        address=args.address,
+        retries=args.retries,
+    )
     n_pass = sum(c["passed"] for c in record.claims)
     for c in record.claims:
-        print(f"  [{'PASS' if c['passed'] else 'FAIL'}] {c['statement']}  (measured {c['measured']}, "
-              f"expected {c['expected']})")
+        print(
+            f"  [{'PASS' if c['passed'] else 'FAIL'}] {c['statement']}  (measured {c['measured']}, "
+            f"expected {c['expected']})"
+        )
     print(f"claims: {n_pass}/{len(record.claims)} pass")
     print(f"report: {record.report.resolve()}")
     return 0
@@ -42,9 +56,12 @@ def _cmd_bench(args) -> int:
     from .runtime import set_threads
 
     set_threads(args.threads)
-    run_bench(only=args.only.split(",") if args.only else None,
-              experiments=args.experiments.split(",") if args.experiments else None,
-              out=args.out, device=args.device)
+    run_bench(
+        only=args.only.split(",") if args.only else None,
+        experiments=args.experiments.split(",") if args.experiments else None,
+        out=args.out,
+        device=args.device,
+    )
     return 0
 
 
@@ -56,8 +73,11 @@ def _cmd_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="featurelab", description="Feature learning in deep networks: train, "
-                                "measure, reproduce the papers' figures and check their claims.")
+    p = argparse.ArgumentParser(
+        prog="featurelab",
+        description="Feature learning in deep networks: train, "
+        "measure, reproduce the papers' figures and check their claims.",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the experiments and their presets").set_defaults(func=_cmd_list)
     r = sub.add_parser("run", help="run an experiment and write its run folder and report.html")

@@ -4,6 +4,7 @@ Every config (each experiment's, and the trainer's `Phase` and `TrainConfig`) is
 model with ``extra="forbid"``, so a wrong key, type or range becomes a one-line `FeaturelabError` naming
 the field, the value and what is allowed, from the CLI and the Python API alike.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -12,7 +13,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import FeaturelabError
-
 
 _VALIDATING = contextvars.ContextVar("featurelab_validating", default=False)
 

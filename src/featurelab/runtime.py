@@ -1,4 +1,5 @@
 """Where computations run: device choice, thread count, version stamps."""
+
 from __future__ import annotations
 
 import copy
@@ -28,12 +29,12 @@ def resolve_device(device: str | torch.device = "cpu") -> torch.device:
 
 def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A float64 copy of `model` on the CPU with parameter gradients off: where diagnostics run
-    (THEORY.md Part 0, "Diagnostics run in float64 on the stored parameters")."""
+    (docs/theory/conventions.md, "Diagnostics run in float64 on the stored parameters")."""
     return copy.deepcopy(model).cpu().to(torch.float64).requires_grad_(False)
 
 
 def set_threads(n: int) -> None:
-    """Set torch's intra-op threads. Small featurelab models run fastest on one thread (THEORY.md Part 0)."""
+    """Set torch's intra-op threads. Small featurelab models run fastest on one thread (docs/theory/conventions.md)."""
     torch.set_num_threads(max(1, int(n)))
 
 
@@ -43,7 +44,7 @@ def versions() -> dict[str, str]:
     import numpy
     import scipy
 
-    from . import __version__
+    from ._version import __version__
 
     info = {
         "featurelab": __version__,

@@ -1,8 +1,9 @@
-"""The two tasks of THEORY.md Part 2 §4 (Jacot, NeurIPS 2023): a BN-rank-2 synthetic regression
+"""The two tasks of docs/theory/bottleneck-rank.md §4 (Jacot, NeurIPS 2023): a BN-rank-2 synthetic regression
 (§4a, Fig. 1) and symmetry learning from gradient-descent loss curves (§4b, Fig. 2).
 
 Rows are samples everywhere. Each task is deterministic from its seeds and returns a float64 `Dataset`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,9 +31,10 @@ def _unit_mean_sq(A: np.ndarray) -> np.ndarray:
     return A / np.sqrt((A**2).sum(1).mean())
 
 
-def bn_rank_two_task(d: int = 10, n_train: int = 200, n_test: int = 200, hidden: int = 100,
-                     task_seed: int = 0, data_seed: int = 1) -> Dataset:
-    """The BN-rank-2 task of THEORY.md Part 2 §4a: z ~ N(0, I₂), x = g(z), y = h(z), with g, h: R² → R^d
+def bn_rank_two_task(
+    d: int = 10, n_train: int = 200, n_test: int = 200, hidden: int = 100, task_seed: int = 0, data_seed: int = 1
+) -> Dataset:
+    """The BN-rank-2 task of docs/theory/bottleneck-rank.md §4a: z ~ N(0, I₂), x = g(z), y = h(z), with g, h: R² → R^d
     random shallow ReLU nets (width `hidden`, first layer N(0,1), bias N(0,0.25), output N(0,1/hidden)).
     X and Y are centred and scaled to unit mean squared norm (statistics pooled over train and test).
     An injective g makes x ↦ y a BN-rank-2 function. Returns X_train, Y_train (n_train x d) and the test split.
@@ -45,14 +47,26 @@ def bn_rank_two_task(d: int = 10, n_train: int = 200, n_test: int = 200, hidden:
     g, h = _shallow_relu(trng, d, hidden), _shallow_relu(trng, d, hidden)
     z = np.random.default_rng(data_seed).normal(size=(n_train + n_test, 2))
     X, Y = _unit_mean_sq(g(z)), _unit_mean_sq(h(z))
-    return Dataset(_tensor(X[:n_train]), _tensor(Y[:n_train]), _tensor(X[n_train:]), _tensor(Y[n_train:]), None,
-                   {"name": "bn_rank_two_task", "d": d, "hidden": hidden, "bottleneck_rank": 2,
-                    "task_seed": task_seed, "data_seed": data_seed})
+    return Dataset(
+        _tensor(X[:n_train]),
+        _tensor(Y[:n_train]),
+        _tensor(X[n_train:]),
+        _tensor(Y[n_train:]),
+        None,
+        {
+            "name": "bn_rank_two_task",
+            "d": d,
+            "hidden": hidden,
+            "bottleneck_rank": 2,
+            "task_seed": task_seed,
+            "data_seed": data_seed,
+        },
+    )
 
 
 # ------------------------------------------------------------------------------- §4b symmetry
 def symmetry_gd(W0, u, E, eta: float, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradient descent on C(w) = ‖wwᵀ − uuᵀ − E‖²_F (THEORY.md Part 2 §4b): w ← w − 2η(R + Rᵀ)w with
+    """Gradient descent on C(w) = ‖wwᵀ − uuᵀ − E‖²_F (docs/theory/bottleneck-rank.md §4b): w ← w − 2η(R + Rᵀ)w with
     R = wwᵀ − uuᵀ − E, from each starting point.
 
     W0: ``N x d`` starting points (rows are samples); u: length-d unit vector; E: ``d x d`` symmetric.
@@ -62,8 +76,10 @@ def symmetry_gd(W0, u, E, eta: float, T: int) -> tuple[torch.Tensor, torch.Tenso
     u = torch.as_tensor(u, dtype=torch.float64).reshape(-1)
     E = as_matrix("E", E)
     if u.numel() != W.shape[1] or E.shape != (W.shape[1], W.shape[1]):
-        raise FeaturelabError(f"W0 is N x {W.shape[1]}, so u must have length {W.shape[1]} and E be "
-                              f"{W.shape[1]} x {W.shape[1]}; got u of length {u.numel()} and E of shape {tuple(E.shape)}")
+        raise FeaturelabError(
+            f"W0 is N x {W.shape[1]}, so u must have length {W.shape[1]} and E be "
+            f"{W.shape[1]} x {W.shape[1]}; got u of length {u.numel()} and E of shape {tuple(E.shape)}"
+        )
     positive("eta", eta)
     int_at_least("T", T, 0)
     M = torch.outer(u, u) + E
@@ -97,9 +113,17 @@ def symmetry_summary(m, r, eta: float, T: int) -> tuple[np.ndarray, np.ndarray, 
     return M, Rr, (M**2 + Rr**2) ** 2 - 2 * M**2 + 1
 
 
-def symmetry_task(d: int = 10, T: int = 10, eta: float = 0.05, eps: float = 0.01, n_train: int = 512,
-                  n_test: int = 512, task_seed: int = 0, data_seed: int = 1) -> Dataset:
-    """Symmetry learning (THEORY.md Part 2 §4b, paper Sec. 5): input w₀ ∈ R^d, target the loss curve
+def symmetry_task(
+    d: int = 10,
+    T: int = 10,
+    eta: float = 0.05,
+    eps: float = 0.01,
+    n_train: int = 512,
+    n_test: int = 512,
+    task_seed: int = 0,
+    data_seed: int = 1,
+) -> Dataset:
+    """Symmetry learning (docs/theory/bottleneck-rank.md §4b, paper Sec. 5): input w₀ ∈ R^d, target the loss curve
     (C(w_1), ..., C(w_T)) of GD on C(w) = ‖wwᵀ − uuᵀ − E‖²_F, divided by its global std.
 
     u: a random unit vector (task_seed); E = eps·(G + Gᵀ)/√(2d), G iid N(0,1) (task_seed).
@@ -130,6 +154,22 @@ def symmetry_task(d: int = 10, T: int = 10, eta: float = 0.05, eps: float = 0.01
     Y = C[:, 1:].numpy()
     scale = float(Y.std())
     Y = Y / scale
-    return Dataset(_tensor(X[:n_train]), _tensor(Y[:n_train]), _tensor(X[n_train:]), _tensor(Y[n_train:]), None,
-                   {"name": "symmetry_task", "d": d, "T": T, "eta": eta, "eps": eps, "u": u.tolist(),
-                    "E": E.tolist(), "target_scale": scale, "task_seed": task_seed, "data_seed": data_seed})
+    return Dataset(
+        _tensor(X[:n_train]),
+        _tensor(Y[:n_train]),
+        _tensor(X[n_train:]),
+        _tensor(Y[n_train:]),
+        None,
+        {
+            "name": "symmetry_task",
+            "d": d,
+            "T": T,
+            "eta": eta,
+            "eps": eps,
+            "u": u.tolist(),
+            "E": E.tolist(),
+            "target_scale": scale,
+            "task_seed": task_seed,
+            "data_seed": data_seed,
+        },
+    )

@@ -1,5 +1,6 @@
 """Example 1 of Bantzis, Simon, Jacot: N points on the unit circle with alternating gradients
-(THEORY.md Part 4 §5)."""
+(docs/theory/saddle-to-saddle.md §5)."""
+
 from __future__ import annotations
 
 import math
@@ -12,11 +13,11 @@ SNAP = 1e-12
 
 
 def circle_dataset(N: int = 8, flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(X, G)`` of Example 1 (THEORY.md Part 4 §5), float64, rows are samples.
+    """``(X, G)`` of Example 1 (docs/theory/saddle-to-saddle.md §5), float64, rows are samples.
 
     X: ``N x 2`` with row j-1 = ``(sin(2πj/N), cos(2πj/N))``, j = 1..N, every |entry| < 1e-12 snapped to
     exactly 0 (otherwise sin(π) = 1.2e-16 switches a ReLU on at a kink and corrupts the gradients).
-    G: ``N x 1`` with ``G_j = (-1)^j`` (THEORY.md's 1 x N G transposed); ``flip=True`` gives
+    G: ``N x 1`` with ``G_j = (-1)^j`` (the papers' 1 x N G transposed); ``flip=True`` gives
     ``G_j = (-1)^{j+1}``, the G = -Y* of the squared loss ½‖Y - Y*‖² with targets ``y_j = (-1)^j`` (§8.3).
     For N = 8: ‖X‖_F = ‖G‖_F = 2√2, optimal speed 1/2 at depth 3, √2 - 1 for rank-one nets.
     """

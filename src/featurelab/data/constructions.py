@@ -1,8 +1,9 @@
-"""Datasets with known optimal networks, graph helpers and the 1-D generator (THEORY.md Part 3 §4).
+"""Datasets with known optimal networks, graph helpers and the 1-D generator (docs/theory/sparsity.md §4).
 
-Rows are samples. THEORY writes ``X = I_N`` and targets as columns; here ``X_train = I_N`` (N x N) and
+Rows are samples. the papers write ``X = I_N`` and targets as columns; here ``X_train = I_N`` (N x N) and
 ``Y_train`` is ``N x d_out``. The optimal networks are float64 ReLU `MLP`s with β = 0 and depth 2.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -21,7 +22,7 @@ class Construction(NamedTuple):
 
     data: the `Dataset` (X = I_N, test split empty). model: the optimal float64 `MLP`.
     sq_norm: the optimal ‖θ‖² (the representation cost R). cp_rank: the cp-rank of ``M_Y = (YᵀY)^½``
-    (THEORY's columns; our ``(Y Yᵀ)^½``, N x N), which lower-bounds the width of any optimal net.
+    (the papers' columns; our ``(Y Yᵀ)^½``, N x N), which lower-bounds the width of any optimal net.
     """
 
     data: Dataset
@@ -71,7 +72,7 @@ def is_triangle_free(adjacency: torch.Tensor) -> bool:
 
 # ------------------------------------------------------------------------------ constructions
 def bipartite(N: int) -> Construction:
-    """THEORY.md Part 3 §4 `bipartite(N)` (Prop. 13-14): X = I_N, Y = Q = B Bᵀ = Deg + Adj of K_{N/2,N/2}.
+    """docs/theory/sparsity.md §4 `bipartite(N)` (Prop. 13-14): X = I_N, Y = Q = B Bᵀ = Deg + Adj of K_{N/2,N/2}.
 
     Q = [[(N/2)I, J], [J, (N/2)I]] is completely positive with cp-rank N²/4 (the graph is triangle-free),
     so every representation-cost minimizer needs N²/4 hidden neurons. The optimal net has one neuron per
@@ -92,7 +93,7 @@ def bipartite(N: int) -> Construction:
 
 
 def onehot_identity(sizes: list[int]) -> Construction:
-    """THEORY.md Part 3 §4 `onehot_identity(sizes)`: X = I_N, Y = one-hot labels of C classes of the given
+    """docs/theory/sparsity.md §4 `onehot_identity(sizes)`: X = I_N, Y = one-hot labels of C classes of the given
     sizes (N x C). ``M_Y = blockdiag(J_{N_c}/√N_c)`` has cp-rank C; the optimal net has C neurons, neuron c
     with incoming weights ``N_c^{-1/4}`` on its class's inputs and outgoing weight ``N_c^{1/4}`` to output c,
     so ``Z_1 Z_1ᵀ = M_Y`` and ‖θ‖² = 2 Σ_c √N_c."""
@@ -112,8 +113,12 @@ def onehot_identity(sizes: list[int]) -> Construction:
 
 
 # ------------------------------------------------------------------------------ 1-D generator
-TARGETS = {"sin": lambda x: np.sin(3 * x), "abs": np.abs, "square": lambda x: x**2,
-           "step": lambda x: (x > 0).astype(np.float64)}
+TARGETS = {
+    "sin": lambda x: np.sin(3 * x),
+    "abs": np.abs,
+    "square": lambda x: x**2,
+    "step": lambda x: (x > 0).astype(np.float64),
+}
 
 
 def oned(N: int, f: str = "sin", noise: float = 0.0, n_test: int = 200, seed: int = 0) -> Dataset:
@@ -131,6 +136,19 @@ def oned(N: int, f: str = "sin", noise: float = 0.0, n_test: int = 200, seed: in
     y = TARGETS[f](x) + noise * rng.normal(size=N)
     xt = np.linspace(-1.0, 1.0, n_test)
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)).reshape(-1, 1)
-    return Dataset(t(x), t(y), t(xt), t(TARGETS[f](xt)), None,
-                   {"name": "oned", "f": f, "noise": noise, "seed": seed, "n_train": N, "n_test": n_test,
-                    "pattern_bound": 4 * N - 2})
+    return Dataset(
+        t(x),
+        t(y),
+        t(xt),
+        t(TARGETS[f](xt)),
+        None,
+        {
+            "name": "oned",
+            "f": f,
+            "noise": noise,
+            "seed": seed,
+            "n_train": N,
+            "n_test": n_test,
+            "pattern_bound": 4 * N - 2,
+        },
+    )

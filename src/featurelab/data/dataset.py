@@ -1,4 +1,5 @@
 """The train/test container every loader returns (rows are samples)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -30,9 +31,16 @@ class Dataset:
     def d_out(self) -> int:
         return self.n_classes if self.n_classes else self.Y_train.shape[1]
 
-    def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "Dataset":
+    def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> Dataset:
         """Cast the inputs (and float targets) to `dtype`, move everything to `device`."""
+
         def cast(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype if (dtype is not None and t.is_floating_point()) else t.dtype)
-        return replace(self, X_train=cast(self.X_train), Y_train=cast(self.Y_train),
-                       X_test=cast(self.X_test), Y_test=cast(self.Y_test))
+
+        return replace(
+            self,
+            X_train=cast(self.X_train),
+            Y_train=cast(self.Y_train),
+            X_test=cast(self.X_test),
+            Y_test=cast(self.Y_test),
+        )

@@ -1,4 +1,5 @@
 """scikit-learn's bundled 8x8 digits (1797 images, 10 classes): featurelab's offline real dataset."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,6 +37,7 @@ def digits(n_train: int | None = 1000, seed: int = 0, normalize: str = "unit") -
         if not 10 <= n_train < len(y):
             raise FeaturelabError(f"n_train={n_train!r} is not allowed: it must be in [10, {len(y) - 1}] or None")
         from sklearn.model_selection import train_test_split
+
         tr, te = train_test_split(np.arange(len(y)), train_size=n_train, stratify=y, random_state=seed)
     t = torch.from_numpy
     return Dataset(t(X[tr]), t(y[tr]), t(X[te]), t(y[te]), 10, meta | {"n_train": len(tr), "n_test": len(te)})

@@ -1,4 +1,5 @@
 """MNIST from local files only (IDX, optionally gzipped, or one .npz); nothing is ever downloaded."""
+
 from __future__ import annotations
 
 import gzip
@@ -13,8 +14,12 @@ from ..errors import FeaturelabError
 from .dataset import Dataset
 
 ENV_VAR = "FEATURELAB_MNIST"
-FILES = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
-         "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
+FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
 
 
 def read_idx(path: str | Path) -> np.ndarray:
@@ -27,7 +32,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     magic = struct.unpack(">I", data[:4])[0]
     if zero != 0 or dtype_code != 0x08 or magic not in (2049, 2051):
         raise FeaturelabError(f"{path} is not an MNIST IDX file (magic {magic}; expected 2049 or 2051)")
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    dims = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
@@ -48,11 +53,15 @@ def mnist(path: str | Path | None = None, normalize: str = "standardize") -> Dat
     """
     raw = path if path is not None else os.environ.get(ENV_VAR)
     if raw is None:
-        raise FeaturelabError(f"mnist path is not set: pass path=... (a folder of IDX files or an .npz) or set {ENV_VAR}")
+        raise FeaturelabError(
+            f"mnist path is not set: pass path=... (a folder of IDX files or an .npz) or set {ENV_VAR}"
+        )
     p = Path(raw).expanduser()
     if not p.exists():
-        raise FeaturelabError(f"mnist path '{p}' does not exist: put MNIST's IDX files (or an .npz) there; "
-                              "featurelab never downloads data")
+        raise FeaturelabError(
+            f"mnist path '{p}' does not exist: put MNIST's IDX files (or an .npz) there; "
+            "featurelab never downloads data"
+        )
     if p.is_file():
         with np.load(p) as z:
             missing = [k for k in FILES if k not in z]
@@ -74,5 +83,6 @@ def mnist(path: str | Path | None = None, normalize: str = "standardize") -> Dat
         xtr, xte = (xtr - mu) / sd, (xte - mu) / sd
         meta.update(mu=float(mu), sigma=float(sd))
     t = torch.from_numpy
-    return Dataset(t(xtr), t(arrays["y_train"].astype(np.int64)), t(xte), t(arrays["y_test"].astype(np.int64)),
-                   10, meta)
+    return Dataset(
+        t(xtr), t(arrays["y_train"].astype(np.int64)), t(xte), t(arrays["y_test"].astype(np.int64)), 10, meta
+    )

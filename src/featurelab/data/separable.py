@@ -1,9 +1,10 @@
-"""Linearly separable data with a margin (THEORY.md Part 5 §6; Le & Jegelka, ICLR 2022).
+"""Linearly separable data with a margin (docs/theory/invariances.md §6; Le & Jegelka, ICLR 2022).
 
 x ~ N(0, I_d), y = sgn⟨w*, x⟩ with w* uniform on the unit sphere [ours: the norm of w* is not given];
 samples with |⟨w*, x⟩| <= margin are redrawn. Rows are samples; labels are ±1 floats ``N x 1`` for the
 trainer's ``objective="logistic"`` (or "mse", the squared loss).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,5 +30,10 @@ def separable(n_train: int = 200, n_test: int = 200, d: int = 10, margin: float 
     X = X[: n_train + n_test]
     Y = np.sign(X @ w)[:, None]
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
-    return Dataset(t(X[:n_train]), t(Y[:n_train]), t(X[n_train:]), t(Y[n_train:]),
-                   meta={"kind": "separable", "d": d, "margin": margin, "seed": seed, "w_star": w.tolist()})
+    return Dataset(
+        t(X[:n_train]),
+        t(Y[:n_train]),
+        t(X[n_train:]),
+        t(Y[n_train:]),
+        meta={"kind": "separable", "d": d, "margin": margin, "seed": seed, "w_star": w.tolist()},
+    )

@@ -1,6 +1,6 @@
 """Bottleneck teachers: compositions of random networks through small inner dimensions.
 
-THEORY.md Part 1 §5.1. ``f* = g_k ∘ ... ∘ g_1`` through dimensions ``dims = (d_0, d_1, ..., d_k)``;
+docs/theory/leaky-resnets.md §5.1. ``f* = g_k ∘ ... ∘ g_1`` through dimensions ``dims = (d_0, d_1, ..., d_k)``;
 the smallest inner dimension is the bottleneck rank k* of the task. Each piece is
 
     FCNN:    g(x) = W2 ReLU(W1 x),          W1 ~ N(0, 2/a), W2 ~ N(0, 1/hidden)
@@ -10,6 +10,7 @@ with a the input dimension of the piece. Inputs x ~ N(0, I). X and Y are standar
 with statistics pooled over train and test together, then split. Teacher, data and (elsewhere) model
 have separate seeds.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,12 +31,19 @@ def _piece(rng: np.random.Generator, a: int, b: int, hidden: int, kind: str):
     def g(x: np.ndarray) -> np.ndarray:  # rows are samples
         out = np.maximum(x @ W1.T, 0.0) @ W2.T
         return out + x @ M.T if M is not None else out
+
     return g
 
 
-def bottleneck_teacher(dims: tuple[int, ...] = (20, 5, 20), kind: str = "fcnn", hidden: int = 100,
-                       n_train: int = 1000, n_test: int = 1000, teacher_seed: int = 0,
-                       data_seed: int = 1) -> Dataset:
+def bottleneck_teacher(
+    dims: tuple[int, ...] = (20, 5, 20),
+    kind: str = "fcnn",
+    hidden: int = 100,
+    n_train: int = 1000,
+    n_test: int = 1000,
+    teacher_seed: int = 0,
+    data_seed: int = 1,
+) -> Dataset:
     """Regression data from a random bottleneck teacher (Part 1 §5.1), float64, rows are samples.
 
     Fig. 1: ``dims=(20, 5, 20), kind="fcnn"`` (k* = 5); Fig. 2: ``dims=(30, 6, 3, 30), kind="resnet"``
@@ -57,7 +65,19 @@ def bottleneck_teacher(dims: tuple[int, ...] = (20, 5, 20), kind: str = "fcnn", 
     X = (X - X.mean(0)) / X.std(0)
     Y = (Y - Y.mean(0)) / np.maximum(Y.std(0), 1e-12)
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
-    return Dataset(t(X[:n_train]), t(Y[:n_train]), t(X[n_train:]), t(Y[n_train:]), None,
-                   {"name": "bottleneck_teacher", "dims": list(dims), "kind": kind, "hidden": hidden,
-                    "bottleneck_rank": min(dims[1:-1]) if len(dims) > 2 else min(dims),
-                    "teacher_seed": teacher_seed, "data_seed": data_seed})
+    return Dataset(
+        t(X[:n_train]),
+        t(Y[:n_train]),
+        t(X[n_train:]),
+        t(Y[n_train:]),
+        None,
+        {
+            "name": "bottleneck_teacher",
+            "dims": list(dims),
+            "kind": kind,
+            "hidden": hidden,
+            "bottleneck_rank": min(dims[1:-1]) if len(dims) > 2 else min(dims),
+            "teacher_seed": teacher_seed,
+            "data_seed": data_seed,
+        },
+    )

@@ -3,41 +3,44 @@
 To add one, write a module that defines ``EXPERIMENT = Experiment(...)`` (see `base.py` and
 `leaky_bottleneck.py`) and list it below.
 """
+
 from __future__ import annotations
 
 from ..errors import FeaturelabError
-from . import leaky_bottleneck
-
-# --- Part 1 experiments (issue 3) ---
-from . import leaky_discretization, leaky_hamiltonian
-# --- Part 2 experiments (issue 4) ---
-from . import bn_rank_depth, symmetry_learning
-# --- Part 3 experiments (issue 5) ---
-from . import cp_rank, forces, width_plateau
-# --- Part 4 experiments (issue 6) ---
-from . import escape_circle, saddle_digits
-# --- Part 5 experiments (issue 7) ---
-from . import alignment, invariance_drift, relu_noninvariance
+from . import (
+    alignment,
+    bn_rank_depth,
+    cp_rank,
+    escape_circle,
+    forces,
+    invariance_drift,
+    leaky_bottleneck,
+    leaky_discretization,
+    leaky_hamiltonian,
+    relu_noninvariance,
+    saddle_digits,
+    symmetry_learning,
+    width_plateau,
+)
 from .base import Analysis, AnalysisContext, Experiment, TrainingUnit, UnitContext
 
 EXPERIMENTS: list[Experiment] = [
+    # Leaky ResNets (Jacot & Kaiser, arXiv 2405.17573)
     leaky_bottleneck.EXPERIMENT,
-    # each part appends its experiments below its own marker
-    # --- Part 1 (issue 3) ---
     leaky_hamiltonian.EXPERIMENT,
     leaky_discretization.EXPERIMENT,
-    # --- Part 2 (issue 4) ---
+    # bottleneck rank (Jacot, arXiv 2306.00394)
     bn_rank_depth.EXPERIMENT,
     symmetry_learning.EXPERIMENT,
-    # --- Part 3 (issue 5) ---
+    # attraction/repulsion and sparsity (Jacot, Golikov, Hongler, Gabriel, arXiv 2205.15809)
     forces.EXPERIMENT,
     width_plateau.EXPERIMENT,
     cp_rank.EXPERIMENT,
-    # --- Part 4 (issue 6) ---
+    # saddle-to-saddle (Bantzis, Simon, Jacot)
     escape_circle.EXPERIMENT,
     saddle_digits.EXPERIMENT,
     saddle_digits.MNIST_EXPERIMENT,
-    # --- Part 5 (issue 7) ---
+    # training invariances (Le & Jegelka, arXiv 2201.11968)
     invariance_drift.EXPERIMENT,
     alignment.EXPERIMENT,
     relu_noninvariance.EXPERIMENT,
@@ -52,4 +55,13 @@ def get_experiment(name: str) -> Experiment:
     return REGISTRY[name]
 
 
-__all__ = ["Experiment", "TrainingUnit", "Analysis", "AnalysisContext", "UnitContext", "EXPERIMENTS", "REGISTRY", "get_experiment"]
+__all__ = [
+    "Experiment",
+    "TrainingUnit",
+    "Analysis",
+    "AnalysisContext",
+    "UnitContext",
+    "EXPERIMENTS",
+    "REGISTRY",
+    "get_experiment",
+]

@@ -1,5 +1,5 @@
 """`alignment`: the linear tail of a ReLU net trained with the logistic loss on separable data tends to
-rank one and its adjacent layers align, above the derived bound of Theorem 2 (THEORY.md Part 5 §4, §6b;
+rank one and its adjacent layers align, above the derived bound of Theorem 2 (docs/theory/invariances.md §4, §6b;
 Le & Jegelka, ICLR 2022, Theorem 2 and Corollary 1).
 
 Net 10→32→32 (ReLU) then linear 32→16→16→1 (`MLP(..., linear_tail=3)`, bias-free), init N(0, s²/fan_in)
@@ -7,6 +7,7 @@ with s = 0.2, float64 full-batch GD η = 0.2 for 5000 steps, seeds 0-2, logged e
 ‖W‖²_op/‖W‖²_F per layer, |⟨v_{k+1}, u_k⟩| per adjacent pair, the §4 step-6 bound (constants at init) and
 the paper-style bound beside it, ‖W‖_F, the loss. paper: s = 0.1 and 50k steps (the long run).
 """
+
 from __future__ import annotations
 
 import math
@@ -15,16 +16,16 @@ import pandas as pd
 import torch
 from pydantic import Field
 
+from ..claims import claim
 from ..config import ExperimentConfig
 from ..data.separable import separable
+from ..figures import plt
 from ..measurements.alignment import adjacent_alignment, layer_ratios, theorem2_bounds, theorem2_constants
 from ..models import MLP
-from ..runs.claims import claim
-from ..runs.figures import plt
 from ..training import Phase, TrainConfig, train
 from .base import Analysis, Experiment
 
-REF = "THEORY.md Part 5 §6b; Le & Jegelka (ICLR 2022) Theorem 2 (15), Corollary 1"
+REF = "docs/theory/invariances.md §6b; Le & Jegelka (ICLR 2022) Theorem 2 (15), Corollary 1"
 
 
 class Config(ExperimentConfig):
@@ -71,19 +72,34 @@ class AlignmentLog:
 def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     data = separable(cfg.n_train, 0, cfg.d, cfg.margin, seed=unit["seed"])
     depth = len(cfg.widths) + 1
-    model = MLP(cfg.d, 1, cfg.widths, depth, init="fan_in", init_scale=cfg.init_scale, linear_tail=cfg.linear_tail,
-                seed=unit["seed"] + 1, dtype=torch.float64)
+    model = MLP(
+        cfg.d,
+        1,
+        cfg.widths,
+        depth,
+        init="fan_in",
+        init_scale=cfg.init_scale,
+        linear_tail=cfg.linear_tail,
+        seed=unit["seed"] + 1,
+        dtype=torch.float64,
+    )
     log = AlignmentLog(model)
-    tc = TrainConfig(objective="logistic", lam=0.0, phases=[Phase(optimizer="sgd", lr=cfg.lr, steps=cfg.steps)],
-                     log_every=cfg.log_every)
+    tc = TrainConfig(
+        objective="logistic",
+        lam=0.0,
+        phases=[Phase(optimizer="sgd", lr=cfg.lr, steps=cfg.steps)],
+        log_every=cfg.log_every,
+    )
     result = train(model, data, tc, device=ctx.device, callbacks=[log], progress=ctx.progress)
     hist = result.history
     keep = [c for c in hist.columns if c.split("_")[0] in ("ratio", "fro", "bound", "paper", "align")]
     below = hist.index[hist["loss"] < math.log(2) / cfg.n_train]
-    return {"history": hist[["step", "loss", "train_error", *keep]].to_dict(orient="list"),
-            "tail_layers": [tc_.stage + 1 for tc_ in log.constants],
-            "risk_condition_step": int(hist["step"][below[0]]) if len(below) else None,
-            "seconds": result.seconds}
+    return {
+        "history": hist[["step", "loss", "train_error", *keep]].to_dict(orient="list"),
+        "tail_layers": [tc_.stage + 1 for tc_ in log.constants],
+        "risk_condition_step": int(hist["step"][below[0]]) if len(below) else None,
+        "seconds": result.seconds,
+    }
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
@@ -94,8 +110,12 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     for uid, res in results.items():
         h = pd.DataFrame(res["history"])
         last, first = h.iloc[-1], h.iloc[0]
-        row = {"seed": uid, "loss": last["loss"], "train_error": last["train_error"],
-               "risk_condition_step": res["risk_condition_step"]}
+        row = {
+            "seed": uid,
+            "loss": last["loss"],
+            "train_error": last["train_error"],
+            "risk_condition_step": res["risk_condition_step"],
+        }
         for k in range(1, depth + 1):
             row[f"ratio_{k}"], row[f"ratio0_{k}"] = last[f"ratio_{k}"], first[f"ratio_{k}"]
             if f"bound_{k}" in h:
@@ -110,23 +130,43 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     gains = tail_ratios - table[[f"ratio0_{k}" for k in tail[:-1]]].to_numpy()
     aligns = table[[f"align_{j}_{k}" for j, k in pairs]].to_numpy()
     claims = [
-        claim("training reaches loss < 1e-3 with 100% training accuracy (every seed)", REF, "loss < 1e-3, error 0",
-              {"max loss": float(table.loss.max()), "max error": float(table.train_error.max())},
-              bool((table.loss < 1e-3).all() and (table.train_error == 0).all())),
-        claim(f"each linear-tail layer {tail[:-1]} (the last layer, a vector, has ratio 1) tends to rank one: "
-              "‖W‖²_op/‖W‖²_F", REF, ">= 0.88", float(tail_ratios.min()), bool(tail_ratios.min() >= 0.88)),
+        claim(
+            "training reaches loss < 1e-3 with 100% training accuracy (every seed)",
+            REF,
+            "loss < 1e-3, error 0",
+            {"max loss": float(table.loss.max()), "max error": float(table.train_error.max())},
+            bool((table.loss < 1e-3).all() and (table.train_error == 0).all()),
+        ),
+        claim(
+            f"each linear-tail layer {tail[:-1]} (the last layer, a vector, has ratio 1) tends to rank one: "
+            "‖W‖²_op/‖W‖²_F",
+            REF,
+            ">= 0.88",
+            float(tail_ratios.min()),
+            bool(tail_ratios.min() >= 0.88),
+        ),
         claim("... rising by at least 0.5 from init", REF, ">= 0.5", float(gains.min()), bool(gains.min() >= 0.5)),
-        claim(f"adjacent tail layers align: |⟨v_(k+1), u_k⟩| for pairs {pairs}", REF, ">= 0.99", float(aligns.min()),
-              bool(aligns.min() >= 0.99)),
-        claim(f"ratio >= the derived Theorem 2 bound (§4 step 6, constants at init) at every log, layers {tail[:-1]}",
-              "THEORY.md Part 5 §4 steps 1-6, §6b", ">= -0.005", min(margins), min(margins) >= -0.005,
-              tolerance="0.005 (GD drift of C)"),
+        claim(
+            f"adjacent tail layers align: |⟨v_(k+1), u_k⟩| for pairs {pairs}",
+            REF,
+            ">= 0.99",
+            float(aligns.min()),
+            bool(aligns.min() >= 0.99),
+        ),
+        claim(
+            f"ratio >= the derived Theorem 2 bound (§4 step 6, constants at init) at every log, layers {tail[:-1]}",
+            "docs/theory/invariances.md §4 steps 1-6, §6b",
+            ">= -0.005",
+            min(margins),
+            min(margins) >= -0.005,
+            tolerance="0.005 (GD drift of C)",
+        ),
     ]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     uid0 = next(iter(results))
     h = pd.DataFrame(results[uid0]["history"])
     for k in range(1, depth + 1):
-        line, = axes[0].plot(h.step, h[f"ratio_{k}"], label=f"W{k}" + (" (linear)" if k in tail else " (ReLU)"))
+        (line,) = axes[0].plot(h.step, h[f"ratio_{k}"], label=f"W{k}" + (" (linear)" if k in tail else " (ReLU)"))
         if f"bound_{k}" in h and k != depth:
             axes[0].plot(h.step, h[f"bound_{k}"].clip(lower=0), ":", color=line.get_color())
     axes[0].set_ylim(0, 1.02)
@@ -139,17 +179,28 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     axes[1].set_xlabel("step")
     axes[1].set_title("Alignment of adjacent tail layers")
     axes[1].legend(fontsize=7)
-    summary = {"min_tail_ratio": float(tail_ratios.min()), "min_alignment": float(aligns.min()),
-               "min_bound_margin": min(margins), "relu_layer_ratios": table[[f"ratio_{k}" for k in range(1, tail[0])]]
-               .to_numpy().round(3).tolist()}
-    notes = ["ReLU-layer ratios are reported, not claimed. The paper-style bound (factors 8^{N_k}, k_h·k_w) is in "
-             "the table beside the derived one; for an all-FC tail both are 1 - D_k/‖W_k‖²_F.",
-             "Corollary 1's risk condition R < ℓ(0)/n: first step per seed in the table (risk_condition_step)."]
+    summary = {
+        "min_tail_ratio": float(tail_ratios.min()),
+        "min_alignment": float(aligns.min()),
+        "min_bound_margin": min(margins),
+        "relu_layer_ratios": table[[f"ratio_{k}" for k in range(1, tail[0])]].to_numpy().round(3).tolist(),
+    }
+    notes = [
+        "ReLU-layer ratios are reported, not claimed. The paper-style bound (factors 8^{N_k}, k_h·k_w) is in "
+        "the table beside the derived one; for an all-FC tail both are 1 - D_k/‖W_k‖²_F.",
+        "Corollary 1's risk condition R < ℓ(0)/n: first step per seed in the table (risk_condition_step).",
+    ]
     return Analysis(claims, {"alignment": fig}, {"final": table}, summary, notes)
 
 
 EXPERIMENT = Experiment(
     name="alignment",
     summary="The linear tail of a ReLU net trained with the logistic loss on separable data tends to rank one and "
-            "its adjacent layers align, above the derived Theorem 2 bound.",
-    reference=REF, config=Config, presets=PRESETS, units=units, run_unit=run_unit, analyze=analyze)
+    "its adjacent layers align, above the derived Theorem 2 bound.",
+    reference=REF,
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    run_unit=run_unit,
+    analyze=analyze,
+)

@@ -8,14 +8,15 @@ by the pair `build(cfg, unit) -> TrainingUnit` and `finish(cfg, unit, model, tra
 the sweep then trains the model itself, which lets it train same-shape units as one batched ensemble.
 Results are JSON-able dicts.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
+from ..claims import Claim
 from ..config import ExperimentConfig
-from ..runs.claims import Claim
 
 
 @dataclass
@@ -86,6 +87,14 @@ class Experiment:
         from ..training import train
 
         job = self.build(cfg, unit)
-        result = train(job.model, job.data, job.config, device=ctx.device, run_dir=ctx.dir, resume=ctx.resume,
-                       callbacks=job.callbacks, progress=ctx.progress)
+        result = train(
+            job.model,
+            job.data,
+            job.config,
+            device=ctx.device,
+            run_dir=ctx.dir,
+            resume=ctx.resume,
+            callbacks=job.callbacks,
+            progress=ctx.progress,
+        )
         return self.finish(cfg, unit, job.model, result, ctx)

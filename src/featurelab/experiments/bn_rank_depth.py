@@ -1,4 +1,4 @@
-"""`bn-rank-depth`: L2-regularized MLPs of several depths on a BN-rank-2 task (THEORY.md Part 2 §4a;
+"""`bn-rank-depth`: L2-regularized MLPs of several depths on a BN-rank-2 task (docs/theory/bottleneck-rank.md §4a;
 Jacot, NeurIPS 2023, Fig. 1).
 
 Every trained minimum is classified by its bottleneck rank k_mid (median over the middle layers of
@@ -7,7 +7,7 @@ overestimating. Minima of one class lie on a line ‖θ‖² ≈ k·L + R⁽¹�
 (§2.1-§2.3), and depth favours recovery.
 
 quick: d = 10, N = 200, width 64, L ∈ {4, 6, 9, 12}, init seeds {0, 1}, λ = 1e-2, Adam 6000 steps (cosine).
-(THEORY.md's calibration used L ∈ {6, 9, 12}; on our task instance the rank-3 → rank-2 transition sits
+(Our reference calibration used L ∈ {6, 9, 12}; on our task instance the rank-3 → rank-2 transition sits
 between L = 4 and L = 6, so L = 4 is added: without a non-recovering depth 'depth favours recovery'
 cannot be tested.)
 paper (ours; the paper's settings were lost): d = 20, N = 500, width 100, L ∈ {4..20}, 5 seeds,
@@ -16,6 +16,7 @@ Claims: each fitted class's slope is within 15% of its rank; recovering minima a
 largest depth than at the smallest; R̂⁽¹⁾ of each class exceeds max_x 2 log|Jf(x)|_+ (Theorem 3); the
 exact bound ‖θ‖² >= L Σ s_i(Jf(x))^{2/L} holds at every training point.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,17 +26,24 @@ import pandas as pd
 import torch
 from pydantic import Field
 
+from ..claims import claim
 from ..config import ExperimentConfig
 from ..data.bn_tasks import bn_rank_two_task
-from ..measurements.bottleneck import (balancedness_residual, bottleneck_rank, classify_minimum, middle_layers,
-                                       representation_spectra, theorem3_check, theorem6_check)
+from ..figures import plt
+from ..measurements.bottleneck import (
+    balancedness_residual,
+    bottleneck_rank,
+    classify_minimum,
+    middle_layers,
+    representation_spectra,
+    theorem3_check,
+    theorem6_check,
+)
 from ..measurements.jacobian import ntk_trace
-from ..runtime import float64_copy
 from ..measurements.ranks import singular_values
 from ..measurements.representation_cost import estimate_representation_cost
 from ..models import MLP
-from ..runs.claims import claim
-from ..runs.figures import plt
+from ..runtime import float64_copy
 from ..training import Phase, TrainConfig
 from .base import Analysis, Experiment, TrainingUnit
 
@@ -68,9 +76,18 @@ class Config(ExperimentConfig):
 
 PRESETS = {
     "quick": {},
-    "paper": {"d": 20, "n_train": 500, "n_test": 500, "width": 100, "depths": [4, 6, 8, 10, 12, 16, 20],
-              "seeds": [0, 1, 2, 3, 4], "lams": [1e-3, 3e-3, 1e-2], "steps": 30000, "log_every": 1000,
-              "checkpoint_every": 5000},
+    "paper": {
+        "d": 20,
+        "n_train": 500,
+        "n_test": 500,
+        "width": 100,
+        "depths": [4, 6, 8, 10, 12, 16, 20],
+        "seeds": [0, 1, 2, 3, 4],
+        "lams": [1e-3, 3e-3, 1e-2],
+        "steps": 30000,
+        "log_every": 1000,
+        "checkpoint_every": 5000,
+    },
 }
 
 
@@ -79,17 +96,25 @@ def make_data(cfg: Config):
 
 
 def units(cfg: Config) -> list[dict]:
-    return [{"id": f"L{L}-lam{lam:g}-seed{s}", "depth": L, "lam": lam, "init_seed": s}
-            for lam in cfg.lams for L in cfg.depths for s in cfg.seeds]
+    return [
+        {"id": f"L{L}-lam{lam:g}-seed{s}", "depth": L, "lam": lam, "init_seed": s}
+        for lam in cfg.lams
+        for L in cfg.depths
+        for s in cfg.seeds
+    ]
 
 
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg)
     model = MLP(cfg.d, cfg.d, cfg.width, unit["depth"], bias=1.0, seed=1000 * cfg.seed + unit["init_seed"])
-    config = TrainConfig(objective="mse", lam=unit["lam"], log_every=cfg.log_every,
-                         checkpoint_every=cfg.checkpoint_every, top_singular_values=4,
-                         phases=[Phase(optimizer="adam", steps=cfg.steps, lr=cfg.lr, schedule="cosine",
-                                       lr_min=cfg.lr_min)])
+    config = TrainConfig(
+        objective="mse",
+        lam=unit["lam"],
+        log_every=cfg.log_every,
+        checkpoint_every=cfg.checkpoint_every,
+        top_singular_values=4,
+        phases=[Phase(optimizer="adam", steps=cfg.steps, lr=cfg.lr, schedule="cosine", lr_min=cfg.lr_min)],
+    )
     return TrainingUnit(model, data, config)
 
 
@@ -104,20 +129,36 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
     spectra = representation_spectra(m64, X)
     rep_counts = [int((spectra[l - 1] > cfg.rep_rel * spectra[l - 1][0]).sum()) for l in middle_layers(m64.depth)]
     fits = rel_train < cfg.fit_threshold
-    out = {"depth": unit["depth"], "lam": unit["lam"], "init_seed": unit["init_seed"],
-           "sq_norm": float(m64.sq_norm()), "rel_train_mse": rel_train, "rel_test_mse": rel_test, "fits": fits,
-           "k_mid": bn.k_mid, "k_counts": bn.counts, "k_rep": statistics.median_low(rep_counts),
-           "class": classify_minimum(bn.k_mid, TRUE_RANK, fits),
-           "weight_spectra": [singular_values(W, 8).tolist() for W in m64.weight_matrices()],
-           "median_balancedness_residual": float(torch.cat(balancedness_residual(m64)).median()),
-           "ntk_trace_per_layer": float(ntk_trace(m64, X[: cfg.ntk_points]).mean() / m64.depth),
-           "train_seconds": result.seconds}
+    out = {
+        "depth": unit["depth"],
+        "lam": unit["lam"],
+        "init_seed": unit["init_seed"],
+        "sq_norm": float(m64.sq_norm()),
+        "rel_train_mse": rel_train,
+        "rel_test_mse": rel_test,
+        "fits": fits,
+        "k_mid": bn.k_mid,
+        "k_counts": bn.counts,
+        "k_rep": statistics.median_low(rep_counts),
+        "class": classify_minimum(bn.k_mid, TRUE_RANK, fits),
+        "weight_spectra": [singular_values(W, 8).tolist() for W in m64.weight_matrices()],
+        "median_balancedness_residual": float(torch.cat(balancedness_residual(m64)).median()),
+        "ntk_trace_per_layer": float(ntk_trace(m64, X[: cfg.ntk_points]).mean() / m64.depth),
+        "train_seconds": result.seconds,
+    }
     if bn.k_mid >= 1:
         t3 = theorem3_check(m64, X, float("nan"), bn.k_mid, cfg.jacobian_tol)
         t6 = theorem6_check(m64, X[0], tol=cfg.jacobian_tol)
-        out.update({"max_two_log_pdet": t3.max_two_log_pdet, "points_at_rank_k": int(np.sum(np.array(t3.ranks) == bn.k_mid)),
-                    "jacobian_rank_max": int(max(t3.ranks)), "exact_slack": t3.exact_slack,
-                    "theorem6_slack": t6.slack, "theorem6_fraction_within": t6.fraction_within})
+        out.update(
+            {
+                "max_two_log_pdet": t3.max_two_log_pdet,
+                "points_at_rank_k": int(np.sum(np.array(t3.ranks) == bn.k_mid)),
+                "jacobian_rank_max": int(max(t3.ranks)),
+                "exact_slack": t3.exact_slack,
+                "theorem6_slack": t6.slack,
+                "theorem6_fraction_within": t6.fraction_within,
+            }
+        )
     return out
 
 
@@ -128,42 +169,90 @@ def _fits(rows: pd.DataFrame) -> list[dict]:
         if grp.depth.nunique() < 2:
             continue
         fit = estimate_representation_cost(grp.depth, grp.sq_norm, rank=int(k))
-        out.append({"lam": lam, "k": int(k), "class": grp["class"].iloc[0], "n": len(grp),
-                    "depths": sorted(grp.depth.unique().tolist()), "slope": fit.R0, "intercept": fit.R1,
-                    "R1_hat": fit.R1_given_rank, "terms": fit.terms, "fit_residual": fit.residual,
-                    "max_two_log_pdet": float(grp.max_two_log_pdet.max())})
+        out.append(
+            {
+                "lam": lam,
+                "k": int(k),
+                "class": grp["class"].iloc[0],
+                "n": len(grp),
+                "depths": sorted(grp.depth.unique().tolist()),
+                "slope": fit.R0,
+                "intercept": fit.R1,
+                "R1_hat": fit.R1_given_rank,
+                "terms": fit.terms,
+                "fit_residual": fit.residual,
+                "max_two_log_pdet": float(grp.max_two_log_pdet.max()),
+            }
+        )
     return out
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
-    rows = pd.DataFrame([{"id": uid, **{k: v for k, v in r.items() if k not in ("weight_spectra", "k_counts")}}
-                         for uid, r in sorted(results.items())])
+    rows = pd.DataFrame(
+        [
+            {"id": uid, **{k: v for k, v in r.items() if k not in ("weight_spectra", "k_counts")}}
+            for uid, r in sorted(results.items())
+        ]
+    )
     fits = _fits(rows)
-    ref = "THEORY.md Part 2 §2.3, §4a; Jacot 2023 Fig. 1"
+    ref = "docs/theory/bottleneck-rank.md §2.3, §4a; Jacot 2023 Fig. 1"
     claims = []
     if not fits:
-        claims.append(claim("some class of fitting minima spans >= 2 depths, so its slope can be fitted", ref,
-                            ">= 1 class", 0, False))
+        claims.append(
+            claim(
+                "some class of fitting minima spans >= 2 depths, so its slope can be fitted",
+                ref,
+                ">= 1 class",
+                0,
+                False,
+            )
+        )
     for f in fits:
         err = abs(f["slope"] - f["k"]) / f["k"]
-        claims.append(claim(f"λ={f['lam']:g}, k_mid={f['k']} ({f['class']}, depths {f['depths']}): the fitted "
-                            "slope of ‖θ‖² against L equals the rank", ref, f["k"], f["slope"],
-                            err <= cfg.slope_tolerance, f"{cfg.slope_tolerance:.0%} relative"))
+        claims.append(
+            claim(
+                f"λ={f['lam']:g}, k_mid={f['k']} ({f['class']}, depths {f['depths']}): the fitted "
+                "slope of ‖θ‖² against L equals the rank",
+                ref,
+                f["k"],
+                f["slope"],
+                err <= cfg.slope_tolerance,
+                f"{cfg.slope_tolerance:.0%} relative",
+            )
+        )
     by_depth = rows.groupby("depth")["class"].apply(lambda c: float(np.mean(c == "recovering")))
     lo, hi = by_depth.index.min(), by_depth.index.max()
-    claims.append(claim(f"recovering minima appear at the larger depths: share at L={hi} > share at L={lo}", ref,
-                        f"share(L={hi}) > share(L={lo})", {f"L={lo}": by_depth[lo], f"L={hi}": by_depth[hi]},
-                        by_depth[hi] > by_depth[lo]))
+    claims.append(
+        claim(
+            f"recovering minima appear at the larger depths: share at L={hi} > share at L={lo}",
+            ref,
+            f"share(L={hi}) > share(L={lo})",
+            {f"L={lo}": by_depth[lo], f"L={hi}": by_depth[hi]},
+            by_depth[hi] > by_depth[lo],
+        )
+    )
     for f in fits:
-        claims.append(claim(f"Theorem 3, λ={f['lam']:g}, k={f['k']}: R̂⁽¹⁾ = median(‖θ‖² − kL) exceeds "
-                            "max_x 2 log|Jf(x)|_+ over the class's nets and rank-k points",
-                            "THEORY.md Part 2 §2.3 Theorem 3, §3.6", "> 0 margin",
-                            {"R1_hat": f["R1_hat"], "max 2log|J|+": f["max_two_log_pdet"]},
-                            f["R1_hat"] > f["max_two_log_pdet"]))
+        claims.append(
+            claim(
+                f"Theorem 3, λ={f['lam']:g}, k={f['k']}: R̂⁽¹⁾ = median(‖θ‖² − kL) exceeds "
+                "max_x 2 log|Jf(x)|_+ over the class's nets and rank-k points",
+                "docs/theory/bottleneck-rank.md §2.3 Theorem 3, §3.6",
+                "> 0 margin",
+                {"R1_hat": f["R1_hat"], "max 2log|J|+": f["max_two_log_pdet"]},
+                f["R1_hat"] > f["max_two_log_pdet"],
+            )
+        )
     if "exact_slack" in rows:
         slack = float(rows.exact_slack.min())
-        claims.append(claim("exact bound ‖θ‖² >= L Σ_i s_i(Jf(x))^{2/L} at every training point of every net",
-                            "THEORY.md Part 2 §2.3", ">= 0 slack", slack, slack >= 0))
+        claims.append(
+            claim(
+                "exact bound ‖θ‖² >= L Σ_i s_i(Jf(x))^{2/L} at every training point of every net",
+                "docs/theory/bottleneck-rank.md §2.3",
+                ">= 0 slack",
+                slack,
+                slack >= 0,
+            )
+        )
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for cls in CLASSES:
@@ -171,13 +260,20 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         for fit_flag, marker in ((True, "o"), (False, "x")):
             s = sub[sub.fits == fit_flag]
             if len(s):
-                ax.scatter(s.depth, s.sq_norm, c=COLORS[cls], marker=marker,
-                           label=f"{cls}{'' if fit_flag else ', no fit'}")
+                ax.scatter(
+                    s.depth, s.sq_norm, c=COLORS[cls], marker=marker, label=f"{cls}{'' if fit_flag else ', no fit'}"
+                )
                 ax2.scatter(s.depth, s.rel_test_mse, c=COLORS[cls], marker=marker)
     for f in fits:
         Ls = np.linspace(min(f["depths"]), max(f["depths"]), 50)
-        ax.plot(Ls, f["slope"] * Ls + f["intercept"], color=COLORS[f["class"]], lw=1,
-                ls="-" if len(cfg.lams) == 1 else ":", label=f"fit k={f['k']}, λ={f['lam']:g}: slope {f['slope']:.2f}")
+        ax.plot(
+            Ls,
+            f["slope"] * Ls + f["intercept"],
+            color=COLORS[f["class"]],
+            lw=1,
+            ls="-" if len(cfg.lams) == 1 else ":",
+            label=f"fit k={f['k']}, λ={f['lam']:g}: slope {f['slope']:.2f}",
+        )
     ax.set_xlabel("depth L")
     ax.set_ylabel("‖θ‖² at the end of training")
     ax.set_title("parameter norm against depth, by class")
@@ -189,7 +285,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     figures = {"norm_and_test_error_vs_depth": fig}
 
     fig2, ax3 = plt.subplots(figsize=(6.5, 4))
-    for uid, r in sorted(results.items()):
+    for _uid, r in sorted(results.items()):
         S = np.array([s + [np.nan] * (8 - len(s)) for s in r["weight_spectra"]])
         ls = np.arange(1, len(S) + 1) / len(S)
         ax3.plot(ls, S[:, TRUE_RANK], color=COLORS[r["class"]], lw=1, marker=".")
@@ -201,20 +297,32 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ax3.legend()
     figures["third_singular_value"] = fig2
 
-    summary = {"classes": rows.groupby(["depth", "class"]).size().rename("n").reset_index().to_dict("records"),
-               "fits": fits, "threshold": cfg.sv_threshold,
-               "share_k_rep_equals_k_mid": float(np.mean(rows.k_rep == rows.k_mid))}
-    notes = [f"Classification: k_mid = median over layers ℓ in [L/4, 3L/4] of #{{s_i(W_ℓ) > {cfg.sv_threshold:g}}}; "
-             f"fits ⇔ relative train MSE < {cfg.fit_threshold:g}; cross-check k_rep from the centred middle "
-             f"representations (s_i/s_1 > {cfg.rep_rel:g}). Not the Jacobian rank (Part 2 §4a).",
-             "Trained nets at finite λ only approximate minimal-norm interpolants: λ, fit error and balancedness "
-             "are in the units table next to every estimate (Part 2 §6)."]
+    summary = {
+        "classes": rows.groupby(["depth", "class"]).size().rename("n").reset_index().to_dict("records"),
+        "fits": fits,
+        "threshold": cfg.sv_threshold,
+        "share_k_rep_equals_k_mid": float(np.mean(rows.k_rep == rows.k_mid)),
+    }
+    notes = [
+        f"Classification: k_mid = median over layers ℓ in [L/4, 3L/4] of #{{s_i(W_ℓ) > {cfg.sv_threshold:g}}}; "
+        f"fits ⇔ relative train MSE < {cfg.fit_threshold:g}; cross-check k_rep from the centred middle "
+        f"representations (s_i/s_1 > {cfg.rep_rel:g}). Not the Jacobian rank (Part 2 §4a).",
+        "Trained nets at finite λ only approximate minimal-norm interpolants: λ, fit error and balancedness "
+        "are in the units table next to every estimate (Part 2 §6).",
+    ]
     return Analysis(claims, figures, {"units": rows, "fits": pd.DataFrame(fits)}, summary, notes)
 
 
 EXPERIMENT = Experiment(
     name="bn-rank-depth",
     summary="L2-regularized MLPs of several depths on a BN-rank-2 task: minima classified by bottleneck rank, "
-            "‖θ‖² slopes equal to ranks, depth favouring recovery of the true rank.",
-    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023), Fig. 1; THEORY.md Part 2 §4a",
-    config=Config, presets=PRESETS, units=units, build=build, finish=finish, analyze=analyze)
+    "‖θ‖² slopes equal to ranks, depth favouring recovery of the true rank.",
+    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2306.00394), Fig. 1; "
+    "docs/theory/bottleneck-rank.md §4a",
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    build=build,
+    finish=finish,
+    analyze=analyze,
+)

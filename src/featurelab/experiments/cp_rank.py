@@ -1,4 +1,4 @@
-"""`cp-rank`: the bipartite dataset needs N²/4 neurons (THEORY.md Part 3 §4, Prop. 13-14).
+"""`cp-rank`: the bipartite dataset needs N²/4 neurons (docs/theory/sparsity.md §4, Prop. 13-14).
 
 With X = I_N and Y = Q = Deg + Adj of K_{N/2,N/2}, the representation cost is minimized by one ReLU
 neuron per edge (W_1 = Bᵀ, W_2 = B, ‖θ‖² = N² = 2 Tr Q), and since the graph is triangle-free no net
@@ -9,19 +9,25 @@ regularized loss with the construction's λN² (the training check is a reproduc
 is the proof: Part 3 §4 notes a width-N net comes within about 2%).
 quick: N = 6, λ = 1e-2, widths [4, 6, 9, 12] x 2, Adam 3000 (ours). paper: N = 8, widths up to 24, x 3.
 """
+
 from __future__ import annotations
 
 import pandas as pd
 import torch
 from pydantic import Field
 
+from ..claims import claim
 from ..config import ExperimentConfig
-from ..data.constructions import (adjacency_matrix, bipartite, complete_bipartite_edges, is_triangle_free,
-                                  onehot_identity)
+from ..data.constructions import (
+    adjacency_matrix,
+    bipartite,
+    complete_bipartite_edges,
+    is_triangle_free,
+    onehot_identity,
+)
+from ..figures import plt
 from ..measurements.representations import layer_forces
 from ..models import MLP
-from ..runs.claims import claim
-from ..runs.figures import plt
 from ..training import TrainConfig
 from .base import Analysis, Experiment, TrainingUnit
 from .width_plateau import adam_then_gd, shrink
@@ -45,8 +51,14 @@ class Config(ExperimentConfig):
 PRESETS = {
     "quick": {},
     "tiny": {"widths": [4, 9], "trials": 1, "adam_steps": 300},
-    "paper": {"N": 8, "widths": [4, 8, 12, 16, 20, 24], "trials": 3, "adam_steps": 20000, "adam_lr": 3e-3,
-              "gd_steps": 5000},
+    "paper": {
+        "N": 8,
+        "widths": [4, 8, 12, 16, 20, 24],
+        "trials": 3,
+        "adam_steps": 20000,
+        "adam_lr": 3e-3,
+        "gd_steps": 5000,
+    },
 }
 
 
@@ -58,8 +70,11 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = bipartite(cfg.N).data
     model = MLP(cfg.N, cfg.N, unit["width"], 2, bias=0.0, seed=cfg.seed + 1000 * unit["trial"] + unit["width"])
     phases = adam_then_gd(cfg.adam_steps, cfg.adam_lr, cfg.gd_steps, cfg.gd_lr)
-    return TrainingUnit(model, data, TrainConfig(objective="mse", lam=cfg.lam, phases=phases, log_every=cfg.log_every,
-                                                 top_singular_values=0))
+    return TrainingUnit(
+        model,
+        data,
+        TrainConfig(objective="mse", lam=cfg.lam, phases=phases, log_every=cfg.log_every, top_singular_values=0),
+    )
 
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
@@ -68,39 +83,73 @@ def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
 
 def check_constructions(cfg: Config) -> tuple[list, pd.DataFrame]:
     """Exact checks of `bipartite(N)` and `onehot_identity` (float64): claims and a table."""
-    ref = "THEORY.md Part 3 §4 (Prop. 13-14), §7 check 3"
+    ref = "docs/theory/sparsity.md §4 (Prop. 13-14), §7 check 3"
     rows = []
     for N in cfg.construction_sizes:
         c = bipartite(N)
         X, Y = c.data.X_train, c.data.Y_train
         with torch.no_grad():
             rec = float((c.model(X) - Y).abs().max())
-        rows.append({"construction": f"bipartite({N})", "width": c.model.dims[1], "cp_rank": c.cp_rank,
-                     "sq_norm": float(c.model.sq_norm().detach()), "expected_sq_norm": c.sq_norm,
-                     "reconstruction": rec, "balance": layer_forces(c.model, X, Y, cfg.lam)[0].balance,
-                     "triangle_free": is_triangle_free(adjacency_matrix(complete_bipartite_edges(N // 2, N // 2), N))})
+        rows.append(
+            {
+                "construction": f"bipartite({N})",
+                "width": c.model.dims[1],
+                "cp_rank": c.cp_rank,
+                "sq_norm": float(c.model.sq_norm().detach()),
+                "expected_sq_norm": c.sq_norm,
+                "reconstruction": rec,
+                "balance": layer_forces(c.model, X, Y, cfg.lam)[0].balance,
+                "triangle_free": is_triangle_free(adjacency_matrix(complete_bipartite_edges(N // 2, N // 2), N)),
+            }
+        )
     c = onehot_identity(cfg.onehot_sizes)
     with torch.no_grad():
         rec = float((c.model(c.data.X_train) - c.data.Y_train).abs().max())
-    rows.append({"construction": f"onehot_identity({cfg.onehot_sizes})", "width": c.model.dims[1], "cp_rank": c.cp_rank,
-                 "sq_norm": float(c.model.sq_norm().detach()), "expected_sq_norm": c.sq_norm, "reconstruction": rec,
-                 "balance": layer_forces(c.model, c.data.X_train, c.data.Y_train, cfg.lam)[0].balance,
-                 "triangle_free": None})
+    rows.append(
+        {
+            "construction": f"onehot_identity({cfg.onehot_sizes})",
+            "width": c.model.dims[1],
+            "cp_rank": c.cp_rank,
+            "sq_norm": float(c.model.sq_norm().detach()),
+            "expected_sq_norm": c.sq_norm,
+            "reconstruction": rec,
+            "balance": layer_forces(c.model, c.data.X_train, c.data.Y_train, cfg.lam)[0].balance,
+            "triangle_free": None,
+        }
+    )
     table = pd.DataFrame(rows)
     bip = table.iloc[:-1]
     claims = [
-        claim(f"bipartite(N), N in {cfg.construction_sizes}: one neuron per edge, N²/4 neurons, triangle-free graph "
-              "(so cp-rank = N²/4)", ref, "width = N²/4 and triangle-free", bip["width"].tolist(),
-              bool((bip["width"] == bip["cp_rank"]).all() and bip["triangle_free"].all())),
-        claim("the constructions reproduce Y exactly", ref, "max|f(X) - Y| <= 1e-12",
-              float(table["reconstruction"].max()), float(table["reconstruction"].max()) <= 1e-12),
-        claim("the constructions have the optimal norm ‖θ‖² = 2 Tr M_Y (N² for bipartite, 2Σ√N_c for one-hot)", ref,
-              "|‖θ‖² - 2 Tr M_Y| <= 1e-12 relative", float(((table["sq_norm"] - table["expected_sq_norm"]).abs()
-                                                            / table["expected_sq_norm"]).max()),
-              bool(((table["sq_norm"] - table["expected_sq_norm"]).abs() <= 1e-12 * table["expected_sq_norm"]).all())),
-        claim("the constructions are exactly balanced: ‖F^att + F^rep‖ <= 1e-10 ‖F^att‖ on the hidden layer",
-              "THEORY.md Part 3 §2 'Balance', §7 check 3", "<= 1e-10", float(table["balance"].max()),
-              float(table["balance"].max()) <= 1e-10)]
+        claim(
+            f"bipartite(N), N in {cfg.construction_sizes}: one neuron per edge, N²/4 neurons, triangle-free graph "
+            "(so cp-rank = N²/4)",
+            ref,
+            "width = N²/4 and triangle-free",
+            bip["width"].tolist(),
+            bool((bip["width"] == bip["cp_rank"]).all() and bip["triangle_free"].all()),
+        ),
+        claim(
+            "the constructions reproduce Y exactly",
+            ref,
+            "max|f(X) - Y| <= 1e-12",
+            float(table["reconstruction"].max()),
+            float(table["reconstruction"].max()) <= 1e-12,
+        ),
+        claim(
+            "the constructions have the optimal norm ‖θ‖² = 2 Tr M_Y (N² for bipartite, 2Σ√N_c for one-hot)",
+            ref,
+            "|‖θ‖² - 2 Tr M_Y| <= 1e-12 relative",
+            float(((table["sq_norm"] - table["expected_sq_norm"]).abs() / table["expected_sq_norm"]).max()),
+            bool(((table["sq_norm"] - table["expected_sq_norm"]).abs() <= 1e-12 * table["expected_sq_norm"]).all()),
+        ),
+        claim(
+            "the constructions are exactly balanced: ‖F^att + F^rep‖ <= 1e-10 ‖F^att‖ on the hidden layer",
+            "docs/theory/sparsity.md §2 'Balance', §7 check 3",
+            "<= 1e-10",
+            float(table["balance"].max()),
+            float(table["balance"].max()) <= 1e-10,
+        ),
+    ]
     return claims, table
 
 
@@ -116,14 +165,29 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         tables["per_width"] = best
         target, r = cfg.lam * cfg.N**2, cfg.N**2 // 4
         wide = best[best["width"] >= r]
-        ref = "THEORY.md Part 3 §4 (Prop. 14), measured reproduction"
+        ref = "docs/theory/sparsity.md §4 (Prop. 14), measured reproduction"
         if len(wide):
             gap = float((wide["loss"] / target - 1).abs().max())
-            claims.append(claim(f"trained nets of width >= N²/4 = {r} reach the construction's loss λN² = {target:g}",
-                                ref, f"|m(w)/λN² - 1| <= {cfg.near:g}", gap, gap <= cfg.near))
+            claims.append(
+                claim(
+                    f"trained nets of width >= N²/4 = {r} reach the construction's loss λN² = {target:g}",
+                    ref,
+                    f"|m(w)/λN² - 1| <= {cfg.near:g}",
+                    gap,
+                    gap <= cfg.near,
+                )
+            )
         worst = float(rows["reduced_output_error"].max())
-        claims.append(claim("Carathéodory reduction keeps the trained nets' training outputs", "THEORY.md Part 3 §5b",
-                            "max|Δf|/max|f| <= 1e-8", worst, worst <= 1e-8, "1e-8 relative, float64"))
+        claims.append(
+            claim(
+                "Carathéodory reduction keeps the trained nets' training outputs",
+                "docs/theory/sparsity.md §5b",
+                "max|Δf|/max|f| <= 1e-8",
+                worst,
+                worst <= 1e-8,
+                "1e-8 relative, float64",
+            )
+        )
         summary["m"] = dict(zip(best["width"].astype(str), best["loss"]))
         summary["reduced_width"] = dict(zip(best["width"].astype(str), [w[0] for w in best["reduced_width"]]))
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -139,7 +203,13 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
 EXPERIMENT = Experiment(
     name="cp-rank",
     summary="The bipartite dataset's optimal ReLU nets need N²/4 neurons (cp-rank of Deg + Adj), and the "
-            "constructions are exact and balanced.",
+    "constructions are exact and balanced.",
     reference="Jacot, Golikov, Hongler, Gabriel, Feature Learning in L2-regularized DNNs (NeurIPS 2022), "
-              "Prop. 13-14; THEORY.md Part 3 §4",
-    config=Config, presets=PRESETS, units=units, build=build, finish=finish, analyze=analyze)
+    "Prop. 13-14; docs/theory/sparsity.md §4",
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    build=build,
+    finish=finish,
+    analyze=analyze,
+)

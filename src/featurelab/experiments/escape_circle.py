@@ -1,5 +1,5 @@
 """`escape-circle`: optimal escape directions of Example 1 (unit circle, alternating gradients) and the
-width sweep of Figure 2 (THEORY.md Part 4 §5; Bantzis, Simon, Jacot, Example 1 and Fig. 2).
+width sweep of Figure 2 (docs/theory/saddle-to-saddle.md §5; Bantzis, Simon, Jacot, Example 1 and Fig. 2).
 
 Units: one batched projected-GD search (A1) per hidden width, and one batched rank-one search (A2)
 per rank-one width. The rank-one speed curve S(φ) is computed in the analysis (closed form).
@@ -8,6 +8,7 @@ paper: widths 2..128, R = 50 (the reference fractions of §5 are from seed 1 at 
 Claims: max S(φ) = √2-1 at φ = kπ/4; best rank-one search speed √2-1; best speed 1/2 and never above;
 success fraction (speed > √2-1 + 1e-3) >= 0.8 at widths >= 64 and <= 0.05 at width 2.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,18 +17,24 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
+from ..claims import claim
 from ..config import ExperimentConfig
 from ..data.circle import circle_dataset
-from ..measurements.escape import (eig_residual, find_escape_directions, forward, layer_diagnostics, localized_loss,
-                                   theorem31_bound)
+from ..figures import plt
+from ..measurements.escape import (
+    eig_residual,
+    find_escape_directions,
+    forward,
+    layer_diagnostics,
+    localized_loss,
+    theorem31_bound,
+)
 from ..measurements.ranks import numerical_rank
-from ..runs.claims import claim
-from ..runs.figures import plt
 from .base import Analysis, Experiment
 
 RANK_ONE_SPEED = math.sqrt(2) - 1
 REFERENCE_FRACTIONS = {2: 0.00, 4: 0.02, 8: 0.30, 16: 0.78, 32: 0.92, 64: 0.98, 128: 1.00}  # Part 4 §5, seed 1
-REF = "THEORY.md Part 4 §5; Bantzis, Simon, Jacot Example 1 / Fig. 2"
+REF = "docs/theory/saddle-to-saddle.md §5; Bantzis, Simon, Jacot Example 1 / Fig. 2"
 
 
 class Config(ExperimentConfig):
@@ -47,8 +54,14 @@ class Config(ExperimentConfig):
 
 PRESETS = {
     "quick": {},
-    "tiny": {"widths": [2, 8], "restarts": 4, "steps": 300, "rank_one_widths": [4], "rank_one_restarts": 4,
-             "rank_one_steps": 300},
+    "tiny": {
+        "widths": [2, 8],
+        "restarts": 4,
+        "steps": 300,
+        "rank_one_widths": [4],
+        "rank_one_restarts": 4,
+        "rank_one_steps": 300,
+    },
     "paper": {"widths": [2, 4, 8, 16, 32, 64, 128], "restarts": 50},
 }
 
@@ -75,17 +88,29 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     X, G = circle_dataset(cfg.n_points)
     rank_one = unit["search"] == "rank_one"
     res = find_escape_directions(
-        X, G, cfg.depth, unit["width"], restarts=cfg.rank_one_restarts if rank_one else cfg.restarts,
-        steps=cfg.rank_one_steps if rank_one else cfg.steps, rank_one=rank_one,
-        seed=cfg.seed * 1000 + unit["width"] + (500 if rank_one else 0), lr=None if rank_one else cfg.lr)
+        X,
+        G,
+        cfg.depth,
+        unit["width"],
+        restarts=cfg.rank_one_restarts if rank_one else cfg.restarts,
+        steps=cfg.rank_one_steps if rank_one else cfg.steps,
+        rank_one=rank_one,
+        seed=cfg.seed * 1000 + unit["width"] + (500 if rank_one else 0),
+        lr=None if rank_one else cfg.lr,
+    )
     speed, best = res.best()
     diag = layer_diagnostics(best, X)
     act = forward(best, X)[1]
-    return {"speeds": res.speeds.tolist(), "converged": res.converged.tolist(), "best_speed": speed,
-            "best_L0": float(localized_loss(best, X, G)), "best_eig_residual": eig_residual(best, X, G),
-            "best_rank_W": [numerical_rank(W, 1e-6) for W in best],
-            "best_rank_Zsigma": [numerical_rank(a, 1e-6) for a in act],
-            "best_diagnostics": {k: diag[k] for k in ("r_W", "r_Z", "lin", "s2_s1")}}
+    return {
+        "speeds": res.speeds.tolist(),
+        "converged": res.converged.tolist(),
+        "best_speed": speed,
+        "best_L0": float(localized_loss(best, X, G)),
+        "best_eig_residual": eig_residual(best, X, G),
+        "best_rank_W": [numerical_rank(W, 1e-6) for W in best],
+        "best_rank_Zsigma": [numerical_rank(a, 1e-6) for a in act],
+        "best_diagnostics": {k: diag[k] for k in ("r_W", "r_Z", "lin", "s2_s1")},
+    }
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
@@ -95,10 +120,16 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     S = rank_one_curve(phi, cfg.n_points)
     i_max = int(np.argmax(S))
     k_dist = abs(phi[i_max] / (np.pi / 4) - round(phi[i_max] / (np.pi / 4)))
-    claims.append(claim("the rank-one speed curve S(φ) peaks at √2-1 at φ = kπ/4 (Eq. 6)", REF,
-                        f"max S = {RANK_ONE_SPEED:.8f} at φ/(π/4) integer",
-                        f"max S = {S[i_max]:.12f} at φ/(π/4) = {phi[i_max] / (np.pi / 4):.12f}",
-                        abs(S[i_max] - RANK_ONE_SPEED) < 1e-9 and k_dist < 1e-9, "1e-9"))
+    claims.append(
+        claim(
+            "the rank-one speed curve S(φ) peaks at √2-1 at φ = kπ/4 (Eq. 6)",
+            REF,
+            f"max S = {RANK_ONE_SPEED:.8f} at φ/(π/4) integer",
+            f"max S = {S[i_max]:.12f} at φ/(π/4) = {phi[i_max] / (np.pi / 4):.12f}",
+            abs(S[i_max] - RANK_ONE_SPEED) < 1e-9 and k_dist < 1e-9,
+            "1e-9",
+        )
+    )
     if cfg.n_points == 8:
         gap = float(np.abs(S - eq6_curve(phi)).max())
         notes.append(f"S(φ) and the paper's Eq. (6) agree to {gap:.2e} over {cfg.phi_points} angles.")
@@ -106,45 +137,85 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     r1 = {u: r for u, r in results.items() if u.startswith("rank1-")}
     if r1:
         best_r1 = max(max(r["speeds"]) for r in r1.values())
-        claims.append(claim("rank-one search (A2) tops out at √2-1", f"{REF}; A2", f"{RANK_ONE_SPEED:.10f}",
-                            f"{best_r1:.10f}", abs(best_r1 - RANK_ONE_SPEED) <= 1e-6, "1e-6"))
+        claims.append(
+            claim(
+                "rank-one search (A2) tops out at √2-1",
+                f"{REF}; A2",
+                f"{RANK_ONE_SPEED:.10f}",
+                f"{best_r1:.10f}",
+                abs(best_r1 - RANK_ONE_SPEED) <= 1e-6,
+                "1e-6",
+            )
+        )
 
-    pgd = sorted(((r, int(u.split("-w")[1])) for u, r in results.items() if u.startswith("pgd-")),
-                 key=lambda t: t[1])
+    pgd = sorted(((r, int(u.split("-w")[1])) for u, r in results.items() if u.startswith("pgd-")), key=lambda t: t[1])
     widths = [w for _, w in pgd]
     threshold = RANK_ONE_SPEED + cfg.success_margin
     rows = []
     for r, w in pgd:
         s = np.array(r["speeds"])
         ok = s > threshold
-        rows.append({"width": w, "restarts": len(s), "success_fraction": float(ok.mean()),
-                     "reference_fraction_seed1_R50": REFERENCE_FRACTIONS.get(w, np.nan),
-                     "best_speed": float(s.max()), "median_speed": float(np.median(s)),
-                     "at_half_fraction_of_successes": float((np.abs(s[ok] - 0.5) < 1e-3).mean()) if ok.any() else np.nan,
-                     "dead_fraction": float((s < 1e-3).mean()), "converged_fraction": float(np.mean(r["converged"])),
-                     "best_eig_residual": r["best_eig_residual"],
-                     "best_rank_W": str(r["best_rank_W"]), "best_rank_Zsigma": str(r["best_rank_Zsigma"]),
-                     **{f"best_{k}": str([round(x, 4) for x in v]) for k, v in r["best_diagnostics"].items()}})
+        rows.append(
+            {
+                "width": w,
+                "restarts": len(s),
+                "success_fraction": float(ok.mean()),
+                "reference_fraction_seed1_R50": REFERENCE_FRACTIONS.get(w, np.nan),
+                "best_speed": float(s.max()),
+                "median_speed": float(np.median(s)),
+                "at_half_fraction_of_successes": float((np.abs(s[ok] - 0.5) < 1e-3).mean()) if ok.any() else np.nan,
+                "dead_fraction": float((s < 1e-3).mean()),
+                "converged_fraction": float(np.mean(r["converged"])),
+                "best_eig_residual": r["best_eig_residual"],
+                "best_rank_W": str(r["best_rank_W"]),
+                "best_rank_Zsigma": str(r["best_rank_Zsigma"]),
+                **{f"best_{k}": str([round(x, 4) for x in v]) for k, v in r["best_diagnostics"].items()},
+            }
+        )
     table = pd.DataFrame(rows)
     if pgd:
         all_s = np.concatenate([r["speeds"] for r, _ in pgd])
         best = float(all_s.max())
-        claims.append(claim("the best speed found by projected GD is 1/2 (Example 1's rank-two optimum), and no run "
-                            "exceeds it", f"{REF}; A1", "0.5 ± 1e-3, max <= 0.5 + 1e-6", f"{best:.10f}",
-                            abs(best - 0.5) <= 1e-3 and best <= 0.5 + 1e-6, "1e-3 / 1e-6"))
+        claims.append(
+            claim(
+                "the best speed found by projected GD is 1/2 (Example 1's rank-two optimum), and no run exceeds it",
+                f"{REF}; A1",
+                "0.5 ± 1e-3, max <= 0.5 + 1e-6",
+                f"{best:.10f}",
+                abs(best - 0.5) <= 1e-3 and best <= 0.5 + 1e-6,
+                "1e-3 / 1e-6",
+            )
+        )
         frac = dict(zip(table["width"], table["success_fraction"]))
         wide = {w: f for w, f in frac.items() if w >= 64}
         if wide:
-            claims.append(claim("wide nets find the optimum: success fraction (speed > √2-1 + 1e-3) at width >= 64",
-                                f"{REF}; Fig. 2", ">= 0.8 at every width >= 64", wide, min(wide.values()) >= 0.8))
+            claims.append(
+                claim(
+                    "wide nets find the optimum: success fraction (speed > √2-1 + 1e-3) at width >= 64",
+                    f"{REF}; Fig. 2",
+                    ">= 0.8 at every width >= 64",
+                    wide,
+                    min(wide.values()) >= 0.8,
+                )
+            )
         if 2 in frac:
-            claims.append(claim("width-2 nets almost never beat the rank-one speed √2-1", f"{REF}; Fig. 2",
-                                "<= 0.05", frac[2], frac[2] <= 0.05))
+            claims.append(
+                claim(
+                    "width-2 nets almost never beat the rank-one speed √2-1",
+                    f"{REF}; Fig. 2",
+                    "<= 0.05",
+                    frac[2],
+                    frac[2] <= 0.05,
+                )
+            )
     c, bounds = theorem31_bound(X, G, 0.5, cfg.depth)
-    notes.append(f"Thm 3.1 at s* = 1/2: c = {c:.4f}; B(ℓ) = {bounds} (∞ = vacuous; B < 1 needs ℓ > 81c² = "
-                 f"{81 * c * c:.0f}).")
-    notes.append("Optima sit on ReLU kinks, so the eigen-equation residual of the best runs is not small (§5, §8.4); "
-                 "the values of L0 are what is checked.")
+    notes.append(
+        f"Thm 3.1 at s* = 1/2: c = {c:.4f}; B(ℓ) = {bounds} (∞ = vacuous; B < 1 needs ℓ > 81c² = {81 * c * c:.0f})."
+    )
+    notes.append(
+        "Optima sit on ReLU kinks, so the eigen-equation residual of the best runs is not small (§5, §8.4); "
+        "the values of L0 are what is checked."
+    )
 
     figures = {}
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
@@ -171,7 +242,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         a1.legend(fontsize=8)
         a1.set_title("Fig. 2: success of projected GD vs width")
         rng = np.random.default_rng(0)
-        for i, (r, w) in enumerate(pgd):
+        for i, (r, _w) in enumerate(pgd):
             s = np.array(r["speeds"])
             a2.scatter(i + rng.uniform(-0.2, 0.2, len(s)), s, s=10, alpha=0.7)
         a2.axhline(RANK_ONE_SPEED, color="C1", ls="--", lw=1, label="√2 - 1")
@@ -183,18 +254,28 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         a2.set_title("final speeds")
         figures["width_sweep"] = fig2
 
-    summary = {"max_rank_one_curve": float(S[i_max]), "best_rank_one_search": best_r1 if r1 else None,
-               "best_speed": best if pgd else None, "theorem31_c": c,
-               "success_fraction": {int(w): float(f) for w, f in zip(table.get("width", []),
-                                                                      table.get("success_fraction", []))}}
+    summary = {
+        "max_rank_one_curve": float(S[i_max]),
+        "best_rank_one_search": best_r1 if r1 else None,
+        "best_speed": best if pgd else None,
+        "theorem31_c": c,
+        "success_fraction": {
+            int(w): float(f) for w, f in zip(table.get("width", []), table.get("success_fraction", []))
+        },
+    }
     return Analysis(claims, figures, {"width_sweep": table}, summary, notes)
 
 
 EXPERIMENT = Experiment(
     name="escape-circle",
     summary="Example 1: on 8 points of the unit circle with alternating gradients, rank-one escape directions "
-            "reach speed √2-1 but the optimal escape direction (speed 1/2) has a rank-two first layer; "
-            "projected GD finds it more often as the width grows.",
+    "reach speed √2-1 but the optimal escape direction (speed 1/2) has a rank-two first layer; "
+    "projected GD finds it more often as the width grows.",
     reference="Bantzis, Simon, Jacot, Saddle-to-Saddle Dynamics in Deep ReLU Networks, Example 1 and Fig. 2; "
-              "THEORY.md Part 4 §5",
-    config=Config, presets=PRESETS, units=units, run_unit=run_unit, analyze=analyze)
+    "docs/theory/saddle-to-saddle.md §5",
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    run_unit=run_unit,
+    analyze=analyze,
+)

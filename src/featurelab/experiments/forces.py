@@ -1,5 +1,5 @@
 """`forces`: attraction and repulsion on the hidden representations of a trained L2-regularized ReLU
-net (THEORY.md Part 3 §2 "Forces" and "Visualization"; Jacot et al. 2022, Fig. 1).
+net (docs/theory/sparsity.md §2 "Forces" and "Visualization"; Jacot et al. 2022, Fig. 1).
 
 A depth-3 ReLU MLP (β = 1) is trained on digits with mean cross-entropy + λ‖θ‖² (Adam, then full-batch
 GD); the forces F^att = -λ∇a_l and F^rep = -λ∇r_l are computed in float64 on both hidden layers and drawn
@@ -8,6 +8,7 @@ Measured: class separation in layer 2 (nearest-class-mean accuracy of Z_2) and t
 whose nearest cosine neighbour is >= 0.99 ("neurons form rays"), against the same net at initialization.
 quick: digits, width 64, Adam 3000 + GD 2000 (ours). paper: MNIST, width 200, GD only (Appendix A).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,12 +19,13 @@ import pandas as pd
 import torch
 from pydantic import Field
 
+from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import digits, mnist
+from ..figures import plt
 from ..measurements.representations import layer_forces, layers, principal_view
+from ..measurements.sparsity import class_separation, ray_share
 from ..models import MLP
-from ..runs.claims import claim
-from ..runs.figures import plt
 from ..training import TrainConfig
 from .base import Analysis, Experiment, TrainingUnit
 from .width_plateau import adam_then_gd
@@ -70,31 +72,13 @@ def units(cfg: Config) -> list[dict]:
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg)
     phases = adam_then_gd(cfg.adam_steps, cfg.adam_lr, cfg.gd_steps, cfg.gd_lr)
-    return TrainingUnit(make_model(cfg, data), data, TrainConfig(objective="cross_entropy", lam=cfg.lam, phases=phases,
-                                                                 log_every=cfg.log_every, top_singular_values=0))
-
-
-def ray_share(Z: torch.Tensor, cosine: float) -> float:
-    """Share of alive neurons whose nearest other alive neuron has cosine >= `cosine` (Part 3 §6 Fig. 1).
-
-    Z: ``N x n`` pre-activations (neuron j is column j, THEORY's row j). Alive: ‖relu(z_j)‖ > 1e-6 of the
-    largest (the L2 penalty shrinks unused neurons toward 0, where their direction is meaningless).
-    """
-    alive = torch.relu(Z).norm(dim=0)
-    keep = alive > 1e-6 * alive.max()
-    U = Z[:, keep] / Z[:, keep].norm(dim=0)
-    if U.shape[1] < 2:
-        return 0.0
-    C = U.T @ U
-    C.fill_diagonal_(-2.0)
-    return float((C.max(dim=1).values >= cosine).double().mean())
-
-
-def class_separation(Z: torch.Tensor, labels: torch.Tensor) -> float:
-    """Nearest-class-mean accuracy of the rows of Z (N x n) on their own labels."""
-    classes = labels.unique()
-    means = torch.stack([Z[labels == c].mean(0) for c in classes])
-    return float((classes[torch.cdist(Z, means).argmin(1)] == labels).double().mean())
+    return TrainingUnit(
+        make_model(cfg, data),
+        data,
+        TrainConfig(
+            objective="cross_entropy", lam=cfg.lam, phases=phases, log_every=cfg.log_every, top_singular_values=0
+        ),
+    )
 
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
@@ -107,21 +91,32 @@ def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
         views = {}
         for view in ("datapoint", "neuron"):
             pts, att, rep, idx = principal_view(f, view, max_points=cfg.max_points)
-            views[view] = {"points": pts.tolist(), "attraction": att.tolist(), "repulsion": rep.tolist(),
-                           "index": idx.tolist()}
-        out["layers"].append({
-            "layer": f.layer, "balance": f.balance, "attraction_norm": float(f.attraction.norm()),
-            "repulsion_norm": float(f.repulsion.norm()), "ray_share": ray_share(f.Z, cfg.ray_cosine),
-            "ray_share_init": ray_share(init_pre[f.layer - 1], cfg.ray_cosine),
-            "alive": int((torch.relu(f.Z).norm(dim=0) > 0).sum()),
-            "class_separation": class_separation(f.Z, y),
-            "class_separation_init": class_separation(init_pre[f.layer - 1], y), "views": views})
+            views[view] = {
+                "points": pts.tolist(),
+                "attraction": att.tolist(),
+                "repulsion": rep.tolist(),
+                "index": idx.tolist(),
+            }
+        out["layers"].append(
+            {
+                "layer": f.layer,
+                "balance": f.balance,
+                "attraction_norm": float(f.attraction.norm()),
+                "repulsion_norm": float(f.repulsion.norm()),
+                "ray_share": ray_share(f.Z, cfg.ray_cosine),
+                "ray_share_init": ray_share(init_pre[f.layer - 1], cfg.ray_cosine),
+                "alive": int((torch.relu(f.Z).norm(dim=0) > 0).sum()),
+                "class_separation": class_separation(f.Z, y),
+                "class_separation_init": class_separation(init_pre[f.layer - 1], y),
+                "views": views,
+            }
+        )
     out["labels"] = y.tolist()
     return out
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
-    (uid, res), = results.items()
+    ((uid, res),) = results.items()
     lays = res["layers"]
     labels = np.array(res["labels"])
     fig, axes = plt.subplots(len(lays), 2, figsize=(11, 5 * len(lays)), squeeze=False)
@@ -135,36 +130,76 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 ax.scatter(P[:, 0], P[:, 1], color="k", s=8, zorder=2)
             scale = np.abs(np.concatenate([A, R])).max() / (0.15 * np.ptp(P, axis=0).max() + 1e-300)
             for F, c, name in ((A, "tab:red", "attraction"), (R, "tab:blue", "repulsion")):
-                ax.quiver(P[:, 0], P[:, 1], F[:, 0], F[:, 1], color=c, angles="xy", scale_units="xy",
-                          scale=scale, width=0.002, label=name, zorder=1)
+                ax.quiver(
+                    P[:, 0],
+                    P[:, 1],
+                    F[:, 0],
+                    F[:, 1],
+                    color=c,
+                    angles="xy",
+                    scale_units="xy",
+                    scale=scale,
+                    width=0.002,
+                    label=name,
+                    zorder=1,
+                )
             ax.set_title(f"layer {lay['layer']}, {view} view (uncentered PC1-PC2)")
             ax.legend(loc="best", fontsize=8)
     figures = {"forces": fig}
     table = pd.DataFrame([{k: v for k, v in lay.items() if k != "views"} for lay in lays])
-    ref = "THEORY.md Part 3 §6 (Fig. 1); Jacot et al. 2022 Fig. 1"
+    ref = "docs/theory/sparsity.md §6 (Fig. 1); Jacot et al. 2022 Fig. 1"
     last = lays[-1]
     sep, sep0 = last["class_separation"], last["class_separation_init"]
-    claims = [claim(f"classes separate in layer {last['layer']}: nearest-class-mean accuracy of Z_{last['layer']} on "
-                    f"the train set is >= 0.9 and above that at initialization (init: {sep0:.3f})",
-                    ref, f">= max(0.9, {sep0:.3f})", sep, sep >= 0.9 and sep > sep0)]
+    claims = [
+        claim(
+            f"classes separate in layer {last['layer']}: nearest-class-mean accuracy of Z_{last['layer']} on "
+            f"the train set is >= 0.9 and above that at initialization (init: {sep0:.3f})",
+            ref,
+            f">= max(0.9, {sep0:.3f})",
+            sep,
+            sep >= 0.9 and sep > sep0,
+        )
+    ]
     for lay in lays:
-        claims.append(claim(f"neurons of layer {lay['layer']} settle on rays: share with a nearest cosine neighbour "
-                            f">= {cfg.ray_cosine} exceeds that at initialization (init: {lay['ray_share_init']:.3f})",
-                            ref, f"> {lay['ray_share_init']:.3f}", lay["ray_share"],
-                            lay["ray_share"] > lay["ray_share_init"]))
-    summary = {"final_loss": res["final"]["loss"], "final_train_error": res["final"]["train_error"],
-               "final_test_error": res["final"].get("test_error"), "train_seconds": res["train_seconds"],
-               **{f"layer{l['layer']}": {k: l[k] for k in ("balance", "ray_share", "ray_share_init", "alive",
-                                                          "class_separation")} for l in lays}}
-    notes = ["Balance ‖F^att + F^rep‖/‖F^att‖ is reported, not asserted: trained nets have near-singular Grams, "
-             "where balance holds only along feasible directions (THEORY.md Part 3 §2 'Balance')."]
+        claims.append(
+            claim(
+                f"neurons of layer {lay['layer']} settle on rays: share with a nearest cosine neighbour "
+                f">= {cfg.ray_cosine} exceeds that at initialization (init: {lay['ray_share_init']:.3f})",
+                ref,
+                f"> {lay['ray_share_init']:.3f}",
+                lay["ray_share"],
+                lay["ray_share"] > lay["ray_share_init"],
+            )
+        )
+    summary = {
+        "final_loss": res["final"]["loss"],
+        "final_train_error": res["final"]["train_error"],
+        "final_test_error": res["final"].get("test_error"),
+        "train_seconds": res["train_seconds"],
+        **{
+            f"layer{l['layer']}": {
+                k: l[k] for k in ("balance", "ray_share", "ray_share_init", "alive", "class_separation")
+            }
+            for l in lays
+        },
+    }
+    notes = [
+        "Balance ‖F^att + F^rep‖/‖F^att‖ is reported, not asserted: trained nets have near-singular Grams, "
+        "where balance holds only along feasible directions (docs/theory/sparsity.md §2 'Balance')."
+    ]
     return Analysis(claims, figures, {"layers": table}, summary, notes)
 
 
 EXPERIMENT = Experiment(
     name="forces",
     summary="Attraction and repulsion between layers of an L2-regularized ReLU net: classes separate and "
-            "neurons settle on rays.",
+    "neurons settle on rays.",
     reference="Jacot, Golikov, Hongler, Gabriel, Feature Learning in L2-regularized DNNs (NeurIPS 2022), Fig. 1; "
-              "THEORY.md Part 3 §2",
-    config=Config, presets=PRESETS, units=units, build=build, finish=finish, analyze=analyze)
+    "docs/theory/sparsity.md §2",
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    build=build,
+    finish=finish,
+    analyze=analyze,
+)

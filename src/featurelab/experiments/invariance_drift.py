@@ -1,14 +1,15 @@
 """`invariances`: the conserved quantities of Part 5 §3 drift only by the exact O(η²)-per-step GD term,
 so at a fixed horizon τ = ηT their drift is O(η); a non-invariant across a ResNetIdentity block is not
-conserved (THEORY.md Part 5 §6a; Le & Jegelka, ICLR 2022, Lemmas 2-3, Theorem 1).
+conserved (docs/theory/invariances.md §6a; Le & Jegelka, ICLR 2022, Lemmas 2-3, Theorem 1).
 
 Separable data (n = 200, d = 10, margin 0.1), logistic loss, float64 full-batch GD at
 η ∈ {0.08, 0.04, 0.02, 0.01}, T = τ/η steps with τ = 50, init N(0, s²/fan_in), s = 1, seed 0, on
 FC 10-32-32-1 ReLU; a conv stack on 2x8x8 inputs (d = 128); FC 10→16 ReLU + two ResNet blocks
 (a = c = 16, b = 24, σ_in = ReLU then id, σ_out = id) + FC→1 for each block kind; FC with the squared
 loss ½(y - f)² of Part 5 §1 (trained as the trainer's (y - f)² with step η/2, which is the same GD).
-quick = THEORY.md §6a; paper adds η = 0.005 and seeds 0-2 [ours].
+quick = docs/theory/invariances.md §6a; paper adds η = 0.005 and seeds 0-2 [ours].
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,19 +17,19 @@ import pandas as pd
 import torch
 from pydantic import Field
 
+from ..claims import claim
 from ..config import ExperimentConfig
 from ..data.separable import separable
 from ..errors import FeaturelabError
+from ..figures import plt
 from ..measurements.invariances import InvariantTracker, drift_slope, identity_block_controls
 from ..models.conv import Conv
 from ..models.residual import Dense, Flatten, HomogeneousNet, ResBlock
-from ..runs.claims import claim
-from ..runs.figures import plt
 from ..training import Phase, TrainConfig, train
 from .base import Analysis, Experiment
 
 ARCHS = ("fc", "conv", "resnet-identity", "resnet-diagonal", "resnet-free", "fc-squared")
-REF = "THEORY.md Part 5 §6a; Le & Jegelka (ICLR 2022) Lemmas 2-3, Theorem 1"
+REF = "docs/theory/invariances.md §6a; Le & Jegelka (ICLR 2022) Lemmas 2-3, Theorem 1"
 
 
 class Config(ExperimentConfig):
@@ -55,22 +56,37 @@ def make_model(arch: str, s: float, seed: int) -> HomogeneousNet:
     if arch in ("fc", "fc-squared"):
         return HomogeneousNet([Dense(10, 32, 0.0, **kw), Dense(32, 32, 0.0, **kw), Dense(32, 1, 1.0, **kw)])
     if arch == "conv":
-        return HomogeneousNet([Conv(2, 4, 3, padding=1, leak=1.0, **kw),
-                               Conv(4, 4, 3, stride=2, padding=1, leak=1.0, **kw),
-                               Flatten(), Dense(64, 16, 0.0, **kw), Dense(16, 1, 1.0, **kw)], input_shape=(2, 8, 8))
+        return HomogeneousNet(
+            [
+                Conv(2, 4, 3, padding=1, leak=1.0, **kw),
+                Conv(4, 4, 3, stride=2, padding=1, leak=1.0, **kw),
+                Flatten(),
+                Dense(64, 16, 0.0, **kw),
+                Dense(16, 1, 1.0, **kw),
+            ],
+            input_shape=(2, 8, 8),
+        )
     kind = arch.split("-")[1]
-    return HomogeneousNet([Dense(10, 16, 0.0, **kw),
-                           ResBlock(kind, 16, 24, 16, sigma_in="relu", sigma_out="linear", **kw),
-                           ResBlock(kind, 16, 24, 16, sigma_in="linear", sigma_out="linear", **kw),
-                           Dense(16, 1, 1.0, **kw)])
+    return HomogeneousNet(
+        [
+            Dense(10, 16, 0.0, **kw),
+            ResBlock(kind, 16, 24, 16, sigma_in="relu", sigma_out="linear", **kw),
+            ResBlock(kind, 16, 24, 16, sigma_in="linear", sigma_out="linear", **kw),
+            Dense(16, 1, 1.0, **kw),
+        ]
+    )
 
 
 def units(cfg: Config) -> list[dict]:
     bad = [a for a in cfg.archs if a not in ARCHS]
     if bad:
         raise FeaturelabError(f"archs={bad!r} is not allowed; choose from: {', '.join(ARCHS)}")
-    return [{"id": f"{a}-eta{eta:g}-seed{seed}", "arch": a, "eta": eta, "seed": seed}
-            for a in cfg.archs for eta in cfg.etas for seed in cfg.seeds]
+    return [
+        {"id": f"{a}-eta{eta:g}-seed{seed}", "arch": a, "eta": eta, "seed": seed}
+        for a in cfg.archs
+        for eta in cfg.etas
+        for seed in cfg.seeds
+    ]
 
 
 class EarlyLoss:
@@ -94,19 +110,32 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     # Part 5 §1's squared loss is ½(y - f)²; the trainer's "mse" is (y - f)², so GD with step η on the
     # former is GD with step η/2 on the latter (the tracker's η²q(G) term is unchanged).
     squared = arch == "fc-squared"
-    tc = TrainConfig(objective="mse" if squared else "logistic", lam=0.0,
-                     phases=[Phase(optimizer="sgd", lr=eta / 2 if squared else eta, steps=steps)],
-                     log_every=max(1, steps // cfg.logs))
+    tc = TrainConfig(
+        objective="mse" if squared else "logistic",
+        lam=0.0,
+        phases=[Phase(optimizer="sgd", lr=eta / 2 if squared else eta, steps=steps)],
+        log_every=max(1, steps // cfg.logs),
+    )
     result = train(model, data, tc, device=ctx.device, callbacks=[tracker, early], progress=ctx.progress)
     hist = result.history
     rises = np.diff(early.losses)
-    return {"arch": arch, "eta": eta, "seed": seed, "summary": tracker.summary().to_dict(orient="records"),
-            "skipped": tracker.skipped,
-            "max_early_rise": float(rises.max()) if rises.size else 0.0,
-            "final_loss": float(hist["loss"].iloc[-1]), "final_train_error": float(hist["train_error"].iloc[-1]),
-            "drift_history": {"step": hist["step"].tolist(),
-                              **{c: hist[c].tolist() for c in hist.columns if c.startswith("drift:")}},
-            "sign_flips": int(hist["sign_flips"].sum()), "steps": steps, "seconds": result.seconds}
+    return {
+        "arch": arch,
+        "eta": eta,
+        "seed": seed,
+        "summary": tracker.summary().to_dict(orient="records"),
+        "skipped": tracker.skipped,
+        "max_early_rise": float(rises.max()) if rises.size else 0.0,
+        "final_loss": float(hist["loss"].iloc[-1]),
+        "final_train_error": float(hist["train_error"].iloc[-1]),
+        "drift_history": {
+            "step": hist["step"].tolist(),
+            **{c: hist[c].tolist() for c in hist.columns if c.startswith("drift:")},
+        },
+        "sign_flips": int(hist["sign_flips"].sum()),
+        "steps": steps,
+        "seconds": result.seconds,
+    }
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
@@ -123,35 +152,70 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     drift_min = per_arch[per_arch.eta == eta_min].rel_drift.max()
     worst_res = float(table[table.kind != "control"].step_residual.max())
     claims = [
-        claim(f"in-scope invariants: max rel_drift at η = {eta_min:g} (τ = {cfg.tau:g}), all architectures",
-              REF, "<= 1e-3", float(drift_min), drift_min <= 1e-3),
-        claim("drift is O(η) at fixed τ: log-log slope of each architecture's max in-scope drift against η",
-              REF, "in [0.8, 1.2]", [float(v) for v in slopes.values()],
-              all(0.8 <= v <= 1.2 for v in slopes.values())),
-        claim("one GD step changes each in-scope Q by exactly η²q(G): max |ΔQ - η²q(G)| / (1 + |Q|) over all steps",
-              "THEORY.md Part 5 §3 (GD), §6a", "<= 1e-9", worst_res, worst_res <= 1e-9),
-        claim("no run's loss rises in its first 100 steps (else the η grid must be halved)", REF, "<= 0",
-              max(r["max_early_rise"] for r in results.values()),
-              max(r["max_early_rise"] for r in results.values()) <= 1e-12, tolerance="1e-12"),
+        claim(
+            f"in-scope invariants: max rel_drift at η = {eta_min:g} (τ = {cfg.tau:g}), all architectures",
+            REF,
+            "<= 1e-3",
+            float(drift_min),
+            drift_min <= 1e-3,
+        ),
+        claim(
+            "drift is O(η) at fixed τ: log-log slope of each architecture's max in-scope drift against η",
+            REF,
+            "in [0.8, 1.2]",
+            [float(v) for v in slopes.values()],
+            all(0.8 <= v <= 1.2 for v in slopes.values()),
+        ),
+        claim(
+            "one GD step changes each in-scope Q by exactly η²q(G): max |ΔQ - η²q(G)| / (1 + |Q|) over all steps",
+            "docs/theory/invariances.md §3 (GD), §6a",
+            "<= 1e-9",
+            worst_res,
+            worst_res <= 1e-9,
+        ),
+        claim(
+            "no run's loss rises in its first 100 steps (else the η grid must be halved)",
+            REF,
+            "<= 0",
+            max(r["max_early_rise"] for r in results.values()),
+            max(r["max_early_rise"] for r in results.values()) <= 1e-12,
+            tolerance="1e-12",
+        ),
     ]
-    summary = {"max_inscope_drift_at_eta_min": float(drift_min),
-               "slopes": {f"{a}/seed{s}": v for (a, s), v in slopes.items()},
-               "max_step_residual": worst_res}
+    summary = {
+        "max_inscope_drift_at_eta_min": float(drift_min),
+        "slopes": {f"{a}/seed{s}": v for (a, s), v in slopes.items()},
+        "max_step_residual": worst_res,
+    }
     if len(control):
         c_min = control[control.eta == eta_min].rel_drift.min()
         c_slopes = [drift_slope(g.eta, g.rel_drift) for _, g in control.groupby(["invariant", "seed"])]
-        claims.append(claim("negative control ‖W_stem‖² - ‖V_1‖² across an identity block drifts >= 10x the "
-                            f"largest in-scope drift at η = {eta_min:g}", REF + "; Lemma 3 negative control",
-                            ">= 10", float(c_min / drift_min), c_min >= 10 * drift_min))
-        claims.append(claim("the control's drift does not vanish with η: log-log slope", REF, "<= 0.3",
-                            c_slopes, all(v <= 0.3 for v in c_slopes)))
+        claims.append(
+            claim(
+                "negative control ‖W_stem‖² - ‖V_1‖² across an identity block drifts >= 10x the "
+                f"largest in-scope drift at η = {eta_min:g}",
+                REF + "; Lemma 3 negative control",
+                ">= 10",
+                float(c_min / drift_min),
+                c_min >= 10 * drift_min,
+            )
+        )
+        claims.append(
+            claim(
+                "the control's drift does not vanish with η: log-log slope",
+                REF,
+                "<= 0.3",
+                c_slopes,
+                all(v <= 0.3 for v in c_slopes),
+            )
+        )
         summary["control_drift_at_eta_min"] = float(c_min)
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for (a, s), g in per_arch.groupby(["arch", "seed"]):
         ax.plot(g.eta, g.rel_drift, marker="o", label=f"{a}" + (f" s{s}" if len(cfg.seeds) > 1 else ""))
     if len(control):
-        for (n, s), g in control.groupby(["invariant", "seed"]):
+        for (n, _s), g in control.groupby(["invariant", "seed"]):
             ax.plot(g.eta, g.rel_drift, "k--", marker="x", label=f"control {n.split(' ')[1]}")
     e = np.array(sorted(cfg.etas))
     ax.plot(e, drift_min * e / eta_min, ":", color="0.5", label="slope 1")
@@ -180,12 +244,23 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ax2.legend(fontsize=7)
     figures["drift_over_time"] = fig2
     notes = sorted({s for r in results.values() for s in r["skipped"]})
-    return Analysis(claims, figures, {"invariants": table}, summary,
-                    notes=["Skipped by the tracker: " + " | ".join(notes)] if notes else [])
+    return Analysis(
+        claims,
+        figures,
+        {"invariants": table},
+        summary,
+        notes=["Skipped by the tracker: " + " | ".join(notes)] if notes else [],
+    )
 
 
 EXPERIMENT = Experiment(
     name="invariances",
     summary="Vertex-wise, matrix-wise (stably active) and cut invariants of FC, conv and ResNet nets drift only "
-            "by the exact η² GD term: O(η) at fixed τ; a non-cut norm difference is not conserved.",
-    reference=REF, config=Config, presets=PRESETS, units=units, run_unit=run_unit, analyze=analyze)
+    "by the exact η² GD term: O(η) at fixed τ; a non-cut norm difference is not conserved.",
+    reference=REF,
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    run_unit=run_unit,
+    analyze=analyze,
+)

@@ -1,5 +1,5 @@
 """`leaky-bottleneck`: a Leaky ResNet trained on a bottleneck teacher learns a k*-dimensional
-bottleneck in its middle layers (THEORY.md Part 1 §5; Jacot & Kaiser Fig. 1 at one L̃).
+bottleneck in its middle layers (docs/theory/leaky-resnets.md §5; Jacot & Kaiser Fig. 1 at one L̃).
 
 quick: Part 1 §5.4 at L̃ = 8 (teacher 10→3→10, N = 256, w = 40, L = 16, λ = 0.02, Adam 15k cosine).
 paper: Part 1 §5.2 (teacher 20→5→20, N = 1000, w = 200, L = 50, λ = 0.002, adaptive ρ, L̃ = 5,
@@ -7,6 +7,7 @@ Adam 20k then guarded GD 10k).
 Claim (Part 1 §5.4 Q4): in the middle half of the layers, at least 75% have effective rank
 #{i: s_i >= 0.1 s_1} of W_l in {k*, k*+1}.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -16,12 +17,12 @@ import pandas as pd
 import torch
 from pydantic import Field, model_validator
 
+from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import bottleneck_teacher
+from ..figures import plt
 from ..measurements import effective_rank, singular_values
 from ..models import LeakyResNet
-from ..runs.claims import claim
-from ..runs.figures import plt
 from ..training import Phase, TrainConfig
 from .base import Analysis, Experiment, TrainingUnit
 
@@ -58,18 +59,41 @@ def check_depth(depth: int, Lt: float, steps: str) -> None:
     """Raise ValueError unless `steps` with `depth` steps keeps ρ_l·L̃ < 1 at effective depth Lt (Part 1 §2)."""
     ok = {"equidistant": depth > Lt, "irregular": depth > (1 + 0.5 / 4) * Lt, "adaptive": depth >= Lt / 0.9}[steps]
     if not ok:
-        raise ValueError(f"depth={depth} is too small for effective_depth={Lt:g} with {steps} steps "
-                         "(Part 1 §2 needs rho_l·effective_depth < 1): raise depth or lower effective_depth")
+        raise ValueError(
+            f"depth={depth} is too small for effective_depth={Lt:g} with {steps} steps "
+            "(Part 1 §2 needs rho_l·effective_depth < 1): raise depth or lower effective_depth"
+        )
 
 
 PRESETS = {
     "quick": {},
-    "tiny": {"n_train": 64, "n_test": 64, "width": 16, "depth": 8, "effective_depth": 2.0,
-             "adam_steps": 300, "log_every": 50, "checkpoint_every": 100},
-    "paper": {"teacher_dims": [20, 5, 20], "teacher_hidden": 100, "n_train": 1000, "n_test": 1000,
-              "width": 200, "depth": 50, "effective_depth": 5.0, "steps": "adaptive", "lam": 0.002,
-              "adam_steps": 20000, "adam_lr": 1e-3, "adam_schedule": "constant", "gd_steps": 10000,
-              "gd_lr": 1e-2, "log_every": 500},
+    "tiny": {
+        "n_train": 64,
+        "n_test": 64,
+        "width": 16,
+        "depth": 8,
+        "effective_depth": 2.0,
+        "adam_steps": 300,
+        "log_every": 50,
+        "checkpoint_every": 100,
+    },
+    "paper": {
+        "teacher_dims": [20, 5, 20],
+        "teacher_hidden": 100,
+        "n_train": 1000,
+        "n_test": 1000,
+        "width": 200,
+        "depth": 50,
+        "effective_depth": 5.0,
+        "steps": "adaptive",
+        "lam": 0.002,
+        "adam_steps": 20000,
+        "adam_lr": 1e-3,
+        "adam_schedule": "constant",
+        "gd_steps": 10000,
+        "gd_lr": 1e-2,
+        "log_every": 500,
+    },
 }
 
 
@@ -89,22 +113,51 @@ def mid_half_share(ranks: list[int], k: int) -> float:
 
 
 def make_data(cfg: Config):
-    return bottleneck_teacher(tuple(cfg.teacher_dims), cfg.teacher_kind, cfg.teacher_hidden, cfg.n_train,
-                              cfg.n_test, teacher_seed=cfg.seed, data_seed=cfg.seed + 1)
+    return bottleneck_teacher(
+        tuple(cfg.teacher_dims),
+        cfg.teacher_kind,
+        cfg.teacher_hidden,
+        cfg.n_train,
+        cfg.n_test,
+        teacher_seed=cfg.seed,
+        data_seed=cfg.seed + 1,
+    )
 
 
 def train_config(cfg: Config) -> TrainConfig:
-    phases = [Phase(optimizer="adam", steps=cfg.adam_steps, lr=cfg.adam_lr, schedule=cfg.adam_schedule,
-                    lr_min=cfg.adam_lr_min, adapt_every=100 if cfg.steps == "adaptive" else 0)]
+    phases = [
+        Phase(
+            optimizer="adam",
+            steps=cfg.adam_steps,
+            lr=cfg.adam_lr,
+            schedule=cfg.adam_schedule,
+            lr_min=cfg.adam_lr_min,
+            adapt_every=100 if cfg.steps == "adaptive" else 0,
+        )
+    ]
     if cfg.gd_steps:
         phases.append(Phase(optimizer="sgd", steps=cfg.gd_steps, lr=cfg.gd_lr, guard_window=500))
-    return TrainConfig(objective="mse", lam=cfg.lam, phases=phases, log_every=cfg.log_every,
-                       checkpoint_every=cfg.checkpoint_every, top_singular_values=3)
+    return TrainConfig(
+        objective="mse",
+        lam=cfg.lam,
+        phases=phases,
+        log_every=cfg.log_every,
+        checkpoint_every=cfg.checkpoint_every,
+        top_singular_values=3,
+    )
 
 
 def make_model(cfg: Config, data) -> LeakyResNet:
-    return LeakyResNet(data.d_in, data.d_out, cfg.width, cfg.depth, cfg.effective_depth, steps=cfg.steps,
-                       seed=cfg.seed + 2, dtype=getattr(torch, cfg.dtype))
+    return LeakyResNet(
+        data.d_in,
+        data.d_out,
+        cfg.width,
+        cfg.depth,
+        cfg.effective_depth,
+        steps=cfg.steps,
+        seed=cfg.seed + 2,
+        dtype=getattr(torch, cfg.dtype),
+    )
 
 
 def units(cfg: Config) -> list[dict]:
@@ -119,21 +172,33 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
 def finish(cfg: Config, unit: dict, model: LeakyResNet, result, ctx) -> dict:
     final = result.history.iloc[-1].to_dict()
     W = [w.detach().double().cpu() for w in model.layer_matrices()]
-    return {"final": final, "rho": model.rho.tolist(), "positions": model.positions.tolist(),
-            "top_singular_values": [singular_values(w, 10).tolist() for w in W],
-            "effective_ranks": [effective_rank(w, 0.1) for w in W],
-            "train_seconds": result.seconds, "resumed_from_step": result.resumed_from}
+    return {
+        "final": final,
+        "rho": model.rho.tolist(),
+        "positions": model.positions.tolist(),
+        "top_singular_values": [singular_values(w, 10).tolist() for w in W],
+        "effective_ranks": [effective_rank(w, 0.1) for w in W],
+        "train_seconds": result.seconds,
+        "resumed_from_step": result.resumed_from,
+    }
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
-    (uid, res), = results.items()
+    ((uid, res),) = results.items()
     k = bottleneck_rank(cfg)
     ranks = res["effective_ranks"]
     mid = middle_half(cfg.depth)
     share = mid_half_share(ranks, k)
-    claims = [claim(f"in the middle half of the layers, >= 75% have effective rank #{{s_i >= 0.1 s_1}} of W_l "
-                    f"in {{k*, k*+1}} = {{{k}, {k + 1}}}", "THEORY.md Part 1 §5.4 Q4; Jacot & Kaiser Fig. 1",
-                    ">= 0.75", share, share >= 0.75)]
+    claims = [
+        claim(
+            f"in the middle half of the layers, >= 75% have effective rank #{{s_i >= 0.1 s_1}} of W_l "
+            f"in {{k*, k*+1}} = {{{k}, {k + 1}}}",
+            "docs/theory/leaky-resnets.md §5.4 Q4; Jacot & Kaiser Fig. 1",
+            ">= 0.75",
+            share,
+            share >= 0.75,
+        )
+    ]
 
     p = np.array(res["positions"][:-1])
     S = np.array([s + [np.nan] * (10 - len(s)) for s in res["top_singular_values"]])
@@ -159,19 +224,38 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ax2.legend()
     figures["training_curves"] = fig2
 
-    table = pd.DataFrame({"layer": range(1, cfg.depth + 1), "p": p, "rho": res["rho"], "effective_rank": ranks,
-                          **{f"s{i + 1}": S[:, i] for i in range(min(5, S.shape[1]))}})
+    table = pd.DataFrame(
+        {
+            "layer": range(1, cfg.depth + 1),
+            "p": p,
+            "rho": res["rho"],
+            "effective_rank": ranks,
+            **{f"s{i + 1}": S[:, i] for i in range(min(5, S.shape[1]))},
+        }
+    )
     final = res["final"]
-    summary = {"k_star": k, "mid_half_share_in_k_or_k_plus_1": share, "effective_ranks": ranks,
-               "final_loss": final["loss"], "final_cost": final["cost"], "final_test_cost": final.get("test_cost"),
-               "train_seconds": res["train_seconds"]}
+    summary = {
+        "k_star": k,
+        "mid_half_share_in_k_or_k_plus_1": share,
+        "effective_ranks": ranks,
+        "final_loss": final["loss"],
+        "final_cost": final["cost"],
+        "final_test_cost": final.get("test_cost"),
+        "train_seconds": res["train_seconds"],
+    }
     return Analysis(claims, figures, {"layers": table}, summary)
 
 
 EXPERIMENT = Experiment(
     name="leaky-bottleneck",
     summary="A Leaky ResNet trained with L2 regularization on a bottleneck teacher learns a k*-dimensional "
-            "bottleneck in its middle layers.",
+    "bottleneck in its middle layers.",
     reference="Jacot & Kaiser, Hamiltonian Mechanics of Feature Learning (arXiv 2405.17573), Fig. 1; "
-              "THEORY.md Part 1 §5",
-    config=Config, presets=PRESETS, units=units, build=build, finish=finish, analyze=analyze)
+    "docs/theory/leaky-resnets.md §5",
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    build=build,
+    finish=finish,
+    analyze=analyze,
+)

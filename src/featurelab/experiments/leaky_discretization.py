@@ -1,5 +1,5 @@
 """`leaky-discretization`: equidistant, irregular and adaptive layer steps over a range of depths L
-(THEORY.md Part 1 §2, §5.3 Fig. 2; Jacot & Kaiser, arXiv 2405.17573 §4, Fig. 2).
+(docs/theory/leaky-resnets.md §2, §5.3 Fig. 2; Jacot & Kaiser, arXiv 2405.17573 §4, Fig. 2).
 
 One unit per (L, scheme, seed): train leaky-bottleneck's model on the 30→6→3→30 random-ResNet teacher with
 effective depth L̃ = 3; a seed sets teacher, data and init, so the schemes are compared on identical tasks.
@@ -9,6 +9,7 @@ the scheme ranking is reported, not asserted (Part 1 §5.4).
 paper: Part 1 §5.2-5.3 (N = 1000, w = 200, L ∈ {4, 6, ..., 22}, 3 seeds **[ours]**, λ = 0.002, Adam 20k then
 guarded GD 10k).
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -19,13 +20,13 @@ import torch
 from pydantic import Field, model_validator
 from sklearn.decomposition import PCA
 
+from ..claims import claim
+from ..figures import plt
 from ..measurements import effective_rank, singular_values
-from ..runs.claims import claim
-from ..runs.figures import plt
 from . import leaky_bottleneck as lb
 from .base import Analysis, Experiment, TrainingUnit
 
-REF = "THEORY.md Part 1 §5.3; Jacot & Kaiser Fig. 2"
+REF = "docs/theory/leaky-resnets.md §5.3; Jacot & Kaiser Fig. 2"
 SCHEMES = ("equidistant", "irregular", "adaptive")
 
 
@@ -58,9 +59,22 @@ class Config(lb.Config):
 
 PRESETS = {
     "quick": {"log_every": 500, "checkpoint_every": 0},
-    "paper": {"n_train": 1000, "n_test": 1000, "teacher_hidden": 100, "width": 200, "depths": list(range(4, 23, 2)),
-              "lam": 0.002, "adam_steps": 20000, "adam_lr": 1e-3, "adam_schedule": "constant", "gd_steps": 10000,
-              "gd_lr": 1e-2, "log_every": 500, "reference_depth": 18, "claims": "paper"},
+    "paper": {
+        "n_train": 1000,
+        "n_test": 1000,
+        "teacher_hidden": 100,
+        "width": 200,
+        "depths": list(range(4, 23, 2)),
+        "lam": 0.002,
+        "adam_steps": 20000,
+        "adam_lr": 1e-3,
+        "adam_schedule": "constant",
+        "gd_steps": 10000,
+        "gd_lr": 1e-2,
+        "log_every": 500,
+        "reference_depth": 18,
+        "claims": "paper",
+    },
 }
 
 
@@ -69,8 +83,12 @@ def unit_config(cfg: Config, unit: dict) -> Config:
 
 
 def units(cfg: Config) -> list[dict]:
-    return [{"id": f"L{L}-{scheme}-seed{cfg.seed + i}", "depth": L, "scheme": scheme, "seed": cfg.seed + i}
-            for L in cfg.depths for scheme in cfg.schemes for i in range(cfg.n_seeds)]
+    return [
+        {"id": f"L{L}-{scheme}-seed{cfg.seed + i}", "depth": L, "scheme": scheme, "seed": cfg.seed + i}
+        for L in cfg.depths
+        for scheme in cfg.schemes
+        for i in range(cfg.n_seeds)
+    ]
 
 
 def build(cfg: Config, unit: dict) -> TrainingUnit:
@@ -90,9 +108,15 @@ def pca_paths(model, X: torch.Tensor, n_points: int) -> list:
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
     W = [w.detach().double().cpu() for w in model.layer_matrices()]
-    out = {**unit, "final": result.history.iloc[-1].to_dict(), "rho": model.rho.tolist(),
-           "positions": model.positions.tolist(), "top_singular_values": [singular_values(w, 10).tolist() for w in W],
-           "effective_ranks": [effective_rank(w, 0.1) for w in W], "train_seconds": result.seconds}
+    out = {
+        **unit,
+        "final": result.history.iloc[-1].to_dict(),
+        "rho": model.rho.tolist(),
+        "positions": model.positions.tolist(),
+        "top_singular_values": [singular_values(w, 10).tolist() for w in W],
+        "effective_ranks": [effective_rank(w, 0.1) for w in W],
+        "train_seconds": result.seconds,
+    }
     if unit["depth"] == cfg.reference_depth and unit["seed"] == cfg.seed:
         data = lb.make_data(unit_config(cfg, unit))
         out["pca_paths"] = pca_paths(model, data.X_train, cfg.pca_points)
@@ -101,8 +125,17 @@ def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
 
 # ------------------------------------------------------------------------------- analysis
 def error_table(results: dict[str, dict]) -> pd.DataFrame:
-    rows = [{"depth": r["depth"], "scheme": r["scheme"], "seed": r["seed"], "test_cost": r["final"]["test_cost"],
-             "train_cost": r["final"]["cost"], "loss": r["final"]["loss"]} for r in results.values()]
+    rows = [
+        {
+            "depth": r["depth"],
+            "scheme": r["scheme"],
+            "seed": r["seed"],
+            "test_cost": r["final"]["test_cost"],
+            "train_cost": r["final"]["cost"],
+            "loss": r["final"]["loss"],
+        }
+        for r in results.values()
+    ]
     return pd.DataFrame(rows)
 
 
@@ -146,8 +179,13 @@ def figure_pca(cfg: Config, ref: dict[str, dict]):
         P = np.array(r["pca_paths"])  # (L+1) x points x 2
         for j in range(P.shape[1]):
             ax.plot(P[:, j, 0], P[:, j, 1], lw=0.6, color="0.6")
-        sc = ax.scatter(P[:, :, 0].ravel(), P[:, :, 1].ravel(), s=4,
-                        c=np.repeat(np.array(r["positions"]), P.shape[1]), cmap="viridis")
+        sc = ax.scatter(
+            P[:, :, 0].ravel(),
+            P[:, :, 1].ravel(),
+            s=4,
+            c=np.repeat(np.array(r["positions"]), P.shape[1]),
+            cmap="viridis",
+        )
         ax.set_title(f"{scheme}, L = {cfg.reference_depth}")
         ax.set_xlabel("PC 1")
     axes[0, 0].set_ylabel("PC 2")
@@ -161,44 +199,88 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     means = t.groupby(["depth", "scheme"])["test_cost"].mean().unstack("scheme")
     small, large = means.index.min(), means.index.max()
     falls = {s: [float(means.loc[small, s]), float(means.loc[large, s])] for s in means.columns}
-    claims = [claim(f"test error broadly falls with L: seed-mean test MSE at L = {large} below L = {small}, every scheme",
-                    REF, "last < first", falls, all(b < a for a, b in falls.values()))]
+    claims = [
+        claim(
+            f"test error broadly falls with L: seed-mean test MSE at L = {large} below L = {small}, every scheme",
+            REF,
+            "last < first",
+            falls,
+            all(b < a for a, b in falls.values()),
+        )
+    ]
     adaptive = [r for r in results.values() if r["scheme"] == "adaptive" and r["depth"] == large]
     if adaptive:
         rho = np.mean([r["rho"] for r in adaptive], axis=0)
         mid = np.median(rho[[l - 1 for l in lb.middle_half(large)]])
-        claims.append(claim(f"adaptive ρ is small at both ends, large in the middle (L = {large}, seed mean): "
-                            "ρ_1 and ρ_L below the mid-half median", REF, "ρ_1, ρ_L < mid median",
-                            {"rho_1": rho[0], "rho_L": rho[-1], "mid_median": mid}, rho[0] < mid and rho[-1] < mid))
+        claims.append(
+            claim(
+                f"adaptive ρ is small at both ends, large in the middle (L = {large}, seed mean): "
+                "ρ_1 and ρ_L below the mid-half median",
+                REF,
+                "ρ_1, ρ_L < mid median",
+                {"rho_1": rho[0], "rho_L": rho[-1], "mid_median": mid},
+                rho[0] < mid and rho[-1] < mid,
+            )
+        )
     schemes_vs_eq = [s for s in ("irregular", "adaptive") if s in means.columns and "equidistant" in means.columns]
     below = {s: float((means[s] < means["equidistant"]).mean()) for s in schemes_vs_eq}
     if cfg.claims == "paper" and below:
-        claims.append(claim("adaptive and irregular below equidistant (seed mean) at most L", REF, "> 0.5 of L",
-                            below, all(v > 0.5 for v in below.values())))
+        claims.append(
+            claim(
+                "adaptive and irregular below equidistant (seed mean) at most L",
+                REF,
+                "> 0.5 of L",
+                below,
+                all(v > 0.5 for v in below.values()),
+            )
+        )
     ranking = means.rank(axis=1).mean().sort_values()
     ref = reference_runs(cfg, results)
     figures = {"test_error_vs_depth": figure_errors(cfg, t)}
     if ref:
         figures["spectra_along_depth"] = figure_spectra(cfg, ref)
         figures["pca_paths"] = figure_pca(cfg, ref)
-    rank_table = pd.DataFrame([{"depth": r["depth"], "scheme": r["scheme"], "seed": r["seed"], "layer": l + 1,
-                                "p": r["positions"][l], "rho": r["rho"][l], "effective_rank": k}
-                               for r in results.values() for l, k in enumerate(r["effective_ranks"])])
-    notes = [f"Scheme ranking by seed-mean test MSE (mean rank over L, 1 = best): "
-             + ", ".join(f"{s}: {v:.2f}" for s, v in ranking.items())
-             + f". Share of L where the scheme beats equidistant: {below}."
-             + (" Reported, not asserted: the quick preset is uncalibrated (Part 1 §5.4)." if cfg.claims == "quick"
-                else "")]
-    summary = {"test_cost_mean": {str(L): {s: float(v) for s, v in row.items()} for L, row in means.iterrows()},
-               "mean_rank": ranking.to_dict(), "share_below_equidistant": below}
-    return Analysis(claims, figures, {"test_errors": t, "means": means.reset_index(), "layers": rank_table},
-                    summary, notes)
+    rank_table = pd.DataFrame(
+        [
+            {
+                "depth": r["depth"],
+                "scheme": r["scheme"],
+                "seed": r["seed"],
+                "layer": l + 1,
+                "p": r["positions"][l],
+                "rho": r["rho"][l],
+                "effective_rank": k,
+            }
+            for r in results.values()
+            for l, k in enumerate(r["effective_ranks"])
+        ]
+    )
+    notes = [
+        "Scheme ranking by seed-mean test MSE (mean rank over L, 1 = best): "
+        + ", ".join(f"{s}: {v:.2f}" for s, v in ranking.items())
+        + f". Share of L where the scheme beats equidistant: {below}."
+        + (" Reported, not asserted: the quick preset is uncalibrated (Part 1 §5.4)." if cfg.claims == "quick" else "")
+    ]
+    summary = {
+        "test_cost_mean": {str(L): {s: float(v) for s, v in row.items()} for L, row in means.iterrows()},
+        "mean_rank": ranking.to_dict(),
+        "share_below_equidistant": below,
+    }
+    return Analysis(
+        claims, figures, {"test_errors": t, "means": means.reset_index(), "layers": rank_table}, summary, notes
+    )
 
 
 EXPERIMENT = Experiment(
     name="leaky-discretization",
     summary="Equidistant, irregular and adaptive layer steps of a Leaky ResNet compared over the number of "
-            "steps L on a 30→6→3→30 ResNet teacher: test error, spectra along the depth, representation paths.",
+    "steps L on a 30→6→3→30 ResNet teacher: test error, spectra along the depth, representation paths.",
     reference="Jacot & Kaiser, Hamiltonian Mechanics of Feature Learning (arXiv 2405.17573), Fig. 2; "
-              "THEORY.md Part 1 §2, §5.3",
-    config=Config, presets=PRESETS, units=units, build=build, finish=finish, analyze=analyze)
+    "docs/theory/leaky-resnets.md §2, §5.3",
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    build=build,
+    finish=finish,
+    analyze=analyze,
+)

@@ -1,5 +1,5 @@
 """`leaky-hamiltonian`: the Hamiltonian, the cost of identity and the energies of trained Leaky ResNets
-across effective depths L̃ (THEORY.md Part 1 §3, §5.3-5.4; Jacot & Kaiser, arXiv 2405.17573, Figs. 1 and 3).
+across effective depths L̃ (docs/theory/leaky-resnets.md §3, §5.3-5.4; Jacot & Kaiser, arXiv 2405.17573, Figs. 1 and 3).
 
 One unit per L̃: train (leaky-bottleneck's model, data and phases, optionally a float64 L-BFGS polish,
 §5.2), then `geodesic_diagnostics` on the training set.
@@ -8,6 +8,7 @@ L̃ ∈ {2, 5, 8}; claims Q1-Q7 (never ĥ ≈ k* at this size; the residual r is
 paper: Part 1 §5.2-5.3 (teacher 20→5→20, N = 1000, w = 200, L = 50 adaptive, λ = 0.002, Adam 20k + guarded
 GD 10k + 500 L-BFGS steps **[ours]**), L̃ ∈ {1, 2, 3, 4, 5, 6, 7.5, 10}; claims F1-F5 and Fig. 3.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,15 +19,15 @@ import pandas as pd
 from pydantic import Field, model_validator
 from scipy.stats import spearmanr
 
+from ..claims import claim, fmt
+from ..figures import plt
 from ..measurements.hamiltonian import geodesic_diagnostics
-from ..runs.claims import claim, fmt
-from ..runs.figures import plt
 from ..training import Phase
 from . import leaky_bottleneck as lb
 from .base import Analysis, Experiment, TrainingUnit
 
-REF = "THEORY.md Part 1 §5.4"
-FIG1 = "THEORY.md Part 1 §5.3; Jacot & Kaiser Fig. 1"
+REF = "docs/theory/leaky-resnets.md §5.4"
+FIG1 = "docs/theory/leaky-resnets.md §5.3; Jacot & Kaiser Fig. 1"
 LARGE = 5.0  # "L̃ >= 5" of Q5 and Q7 (Part 1 §5.4)
 
 
@@ -50,8 +51,15 @@ class Config(lb.Config):
 
 PRESETS = {
     "quick": {},
-    "paper": {**lb.PRESETS["paper"], "effective_depth": None, "effective_depths": [1, 2, 3, 4, 5, 6, 7.5, 10],
-              "profile_depths": [5, 2, 7.5], "lbfgs_steps": 500, "claims": "paper", "checkpoint_every": 2500},
+    "paper": {
+        **lb.PRESETS["paper"],
+        "effective_depth": None,
+        "effective_depths": [1, 2, 3, 4, 5, 6, 7.5, 10],
+        "profile_depths": [5, 2, 7.5],
+        "lbfgs_steps": 500,
+        "claims": "paper",
+        "checkpoint_every": 2500,
+    },
 }
 
 
@@ -76,9 +84,14 @@ def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
     data = lb.make_data(unit_config(cfg, unit["effective_depth"]))
     t0 = time.perf_counter()
     df = geodesic_diagnostics(model, data.X_train, data.Y_train, cfg.lam, cfg.gamma0, cfg.gamma_mode)
-    return {"effective_depth": unit["effective_depth"], "layers": df.to_dict(orient="list"),
-            "summary": df.attrs["summary"], "final": result.history.iloc[-1].to_dict(),
-            "train_seconds": result.seconds, "diagnostics_seconds": time.perf_counter() - t0}
+    return {
+        "effective_depth": unit["effective_depth"],
+        "layers": df.to_dict(orient="list"),
+        "summary": df.attrs["summary"],
+        "final": result.history.iloc[-1].to_dict(),
+        "train_seconds": result.seconds,
+        "diagnostics_seconds": time.perf_counter() - t0,
+    }
 
 
 # ------------------------------------------------------------------------------- analysis
@@ -93,25 +106,46 @@ def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[fl
     for Lt, df in layers.items():
         s = res[Lt]["summary"]
         mid = df[df["layer"].isin(lb.middle_half(len(df)))]
-        rows.append({
-            "effective_depth": Lt, "h_median": s["h_median"], "h_min": s["h_min"], "h_max": s["h_max"],
-            "h_gamma_median": s["h_gamma_median"], "h_gamma_min": s["h_gamma_min"], "h_gamma_max": s["h_gamma_max"],
-            "min_coi": s["min_coi"], "residual_median": s["residual_median"], "residual_max": s["residual_max"],
-            "thm4_gap_max": s["thm4_gap_max"], "balancedness": s["balancedness"],
-            "slack_c_min": s["slack_c_min"], "slack_d_lower": s["slack_d_lower"], "slack_d_upper": s["slack_d_upper"],
-            "mid_half_share": lb.mid_half_share(df["effective_rank"].tolist(), k),
-            "kappa_first": float(df["kappa"].iloc[0]), "kappa_last": float(df["kappa"].iloc[-1]),
-            "kappa_mid_median": float(mid["kappa"].median()),
-            "coi_mid_median": float(mid["coi_gamma"].median()),
-            "negativity_mid_max": float(mid["negativity"].max()),
-            "h_gamma_spread": spread(df["h_gamma_rescaled"]), "h_spread": spread(df["h_rescaled"]),
-            "coi_spread": spread(df["coi_gamma"]), "kappa_spread": spread(df["kappa"]),
-            "h_gap_mid_median": float((mid["h_gamma_rescaled"] - mid["h_rescaled"]).abs().median()),
-            "rank_first": int(df["effective_rank"].iloc[0]), "rank_last": int(df["effective_rank"].iloc[-1]),
-            "B_norm_max": s["B_norm_max"], "BS_norm_max": s["BS_norm_max"],
-            "path_length_F": s["path_length_F"], "path_length_gamma": s["path_length_gamma"],
-            "final_cost": res[Lt]["final"]["cost"], "final_test_cost": res[Lt]["final"].get("test_cost"),
-            "train_seconds": res[Lt]["train_seconds"], "diagnostics_seconds": res[Lt]["diagnostics_seconds"]})
+        rows.append(
+            {
+                "effective_depth": Lt,
+                "h_median": s["h_median"],
+                "h_min": s["h_min"],
+                "h_max": s["h_max"],
+                "h_gamma_median": s["h_gamma_median"],
+                "h_gamma_min": s["h_gamma_min"],
+                "h_gamma_max": s["h_gamma_max"],
+                "min_coi": s["min_coi"],
+                "residual_median": s["residual_median"],
+                "residual_max": s["residual_max"],
+                "thm4_gap_max": s["thm4_gap_max"],
+                "balancedness": s["balancedness"],
+                "slack_c_min": s["slack_c_min"],
+                "slack_d_lower": s["slack_d_lower"],
+                "slack_d_upper": s["slack_d_upper"],
+                "mid_half_share": lb.mid_half_share(df["effective_rank"].tolist(), k),
+                "kappa_first": float(df["kappa"].iloc[0]),
+                "kappa_last": float(df["kappa"].iloc[-1]),
+                "kappa_mid_median": float(mid["kappa"].median()),
+                "coi_mid_median": float(mid["coi_gamma"].median()),
+                "negativity_mid_max": float(mid["negativity"].max()),
+                "h_gamma_spread": spread(df["h_gamma_rescaled"]),
+                "h_spread": spread(df["h_rescaled"]),
+                "coi_spread": spread(df["coi_gamma"]),
+                "kappa_spread": spread(df["kappa"]),
+                "h_gap_mid_median": float((mid["h_gamma_rescaled"] - mid["h_rescaled"]).abs().median()),
+                "rank_first": int(df["effective_rank"].iloc[0]),
+                "rank_last": int(df["effective_rank"].iloc[-1]),
+                "B_norm_max": s["B_norm_max"],
+                "BS_norm_max": s["BS_norm_max"],
+                "path_length_F": s["path_length_F"],
+                "path_length_gamma": s["path_length_gamma"],
+                "final_cost": res[Lt]["final"]["cost"],
+                "final_test_cost": res[Lt]["final"].get("test_cost"),
+                "train_seconds": res[Lt]["train_seconds"],
+                "diagnostics_seconds": res[Lt]["diagnostics_seconds"],
+            }
+        )
     return pd.DataFrame(rows).sort_values("effective_depth").reset_index(drop=True)
 
 
@@ -125,28 +159,57 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
     big = t[t["effective_depth"] >= LARGE]
     r = fmt(dict(zip(Lts, t["residual_median"])), 2)
     out = [
-        claim(f"Q1: median ĥ_γ and median ĥ increase with L̃ (median r by L̃: {r}; ĥ is no k* estimate here)",
-              REF, "both strictly increasing",
-              {"h_gamma": t["h_gamma_median"].tolist(), "h": t["h_median"].tolist()},
-              increasing(t["h_gamma_median"]) and increasing(t["h_median"])),
-        claim(f"Q2: min_l COI_γ decreases with L̃ and is in [k*-0.5, k*+1.5] at L̃ = {Lts[-1]:g}", REF,
-              f"decreasing; last in [{k - 0.5}, {k + 1.5}]", t["min_coi"].tolist(),
-              increasing(-t["min_coi"]) and k - 0.5 <= t["min_coi"].iloc[-1] <= k + 1.5),
-        claim("Q3: median ĥ_γ < min_l COI_γ at each L̃", REF, "ĥ_γ < COI_γ",
-              (t["min_coi"] - t["h_gamma_median"]).tolist(), bool((t["h_gamma_median"] < t["min_coi"]).all()),
-              "difference > 0"),
-        claim(f"Q4: at L̃ = {Lts[-1]:g} >= 75% of mid-half layers have effective rank in {{k*, k*+1}}; "
-              f"at L̃ = {Lts[0]:g} none", REF + " (as leaky-bottleneck)", ">= 0.75 and 0",
-              t["mid_half_share"].tolist(),
-              t["mid_half_share"].iloc[-1] >= 0.75 and t["mid_half_share"].iloc[0] == 0),
-        claim("Q5: at L̃ >= 5 the first-layer κ is >= 10x the mid-half median κ", REF, ">= 10",
-              (big["kappa_first"] / big["kappa_mid_median"]).tolist(),
-              bool((big["kappa_first"] >= 10 * big["kappa_mid_median"]).all()) and len(big) > 0),
-        claim("Q6: the mid-half negativity max_l ‖min(A,0)‖/‖A‖ decreases with L̃", REF + "; Prop. 5",
-              "strictly decreasing", t["negativity_mid_max"].tolist(), increasing(-t["negativity_mid_max"])),
-        claim("Q7: at L̃ >= 5 the spread over layers of ĥ_γ is <= 0.25x that of COI_γ", REF, "<= 0.25",
-              (big["h_gamma_spread"] / big["coi_spread"]).tolist(),
-              bool((big["h_gamma_spread"] <= 0.25 * big["coi_spread"]).all()) and len(big) > 0),
+        claim(
+            f"Q1: median ĥ_γ and median ĥ increase with L̃ (median r by L̃: {r}; ĥ is no k* estimate here)",
+            REF,
+            "both strictly increasing",
+            {"h_gamma": t["h_gamma_median"].tolist(), "h": t["h_median"].tolist()},
+            increasing(t["h_gamma_median"]) and increasing(t["h_median"]),
+        ),
+        claim(
+            f"Q2: min_l COI_γ decreases with L̃ and is in [k*-0.5, k*+1.5] at L̃ = {Lts[-1]:g}",
+            REF,
+            f"decreasing; last in [{k - 0.5}, {k + 1.5}]",
+            t["min_coi"].tolist(),
+            increasing(-t["min_coi"]) and k - 0.5 <= t["min_coi"].iloc[-1] <= k + 1.5,
+        ),
+        claim(
+            "Q3: median ĥ_γ < min_l COI_γ at each L̃",
+            REF,
+            "ĥ_γ < COI_γ",
+            (t["min_coi"] - t["h_gamma_median"]).tolist(),
+            bool((t["h_gamma_median"] < t["min_coi"]).all()),
+            "difference > 0",
+        ),
+        claim(
+            f"Q4: at L̃ = {Lts[-1]:g} >= 75% of mid-half layers have effective rank in {{k*, k*+1}}; "
+            f"at L̃ = {Lts[0]:g} none",
+            REF + " (as leaky-bottleneck)",
+            ">= 0.75 and 0",
+            t["mid_half_share"].tolist(),
+            t["mid_half_share"].iloc[-1] >= 0.75 and t["mid_half_share"].iloc[0] == 0,
+        ),
+        claim(
+            "Q5: at L̃ >= 5 the first-layer κ is >= 10x the mid-half median κ",
+            REF,
+            ">= 10",
+            (big["kappa_first"] / big["kappa_mid_median"]).tolist(),
+            bool((big["kappa_first"] >= 10 * big["kappa_mid_median"]).all()) and len(big) > 0,
+        ),
+        claim(
+            "Q6: the mid-half negativity max_l ‖min(A,0)‖/‖A‖ decreases with L̃",
+            REF + "; Prop. 5",
+            "strictly decreasing",
+            t["negativity_mid_max"].tolist(),
+            increasing(-t["negativity_mid_max"]),
+        ),
+        claim(
+            "Q7: at L̃ >= 5 the spread over layers of ĥ_γ is <= 0.25x that of COI_γ",
+            REF,
+            "<= 0.25",
+            (big["h_gamma_spread"] / big["coi_spread"]).tolist(),
+            bool((big["h_gamma_spread"] <= 0.25 * big["coi_spread"]).all()) and len(big) > 0,
+        ),
     ]
     return out
 
@@ -158,43 +221,98 @@ def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
     rho_hg = spearmanr(t["effective_depth"], t["h_gamma_median"]).statistic
     rho_c = spearmanr(t["effective_depth"], t["min_coi"]).statistic
     last = t.iloc[-1]
-    bounded = {c: float(t[c].max() / t[c].min()) for c in ("B_norm_max", "BS_norm_max", "path_length_F",
-                                                            "path_length_gamma")}
+    bounded = {
+        c: float(t[c].max() / t[c].min()) for c in ("B_norm_max", "BS_norm_max", "path_length_F", "path_length_gamma")
+    }
     return [
-        claim("F1: median ĥ and ĥ_γ rise towards k* from below as L̃ grows (Spearman with L̃ >= 0.8, all <= k*+0.5, "
-              f"within 1 of k* at the largest L̃; median r there {last['residual_median']:.3g})", FIG1,
-              f"rising to k* = {k}", {"spearman_h": rho_h, "spearman_h_gamma": rho_hg, "h_last": last["h_median"],
-                                      "h_gamma_last": last["h_gamma_median"]},
-              rho_h >= 0.8 and rho_hg >= 0.8 and (t[["h_median", "h_gamma_median"]] <= k + 0.5).all().all()
-              and abs(last["h_median"] - k) <= 1 and abs(last["h_gamma_median"] - k) <= 1, "[ours] 1 rank unit"),
-        claim("F2: min_l COI_γ falls towards k* from above (Spearman <= -0.8, all >= k*-0.5, last in [k*-0.5, k*+1.5]) "
-              "and stays >= median ĥ up to the slack of §3.5(c)", FIG1, f"falling to k* = {k}",
-              {"spearman": rho_c, "last": last["min_coi"], "min slack (d) upper": float(t["slack_d_upper"].min())},
-              rho_c <= -0.8 and (t["min_coi"] >= k - 0.5).all() and k - 0.5 <= last["min_coi"] <= k + 1.5
-              and (t["slack_d_upper"] >= 0).all(), "[ours] [-0.5, +1.5]"),
-        claim("F3: at L̃ >= 5, ĥ varies <= 0.25x as much over layers as COI_γ and κ; mid-half |ĥ_γ - ĥ| median <= 0.5",
-              FIG1, "<= 0.25; <= 0.5",
-              {"ratio_coi": (big["h_spread"] / big["coi_spread"]).tolist(),
-               "ratio_kappa": (big["h_spread"] / big["kappa_spread"]).tolist(),
-               "gap": big["h_gap_mid_median"].tolist()},
-              len(big) > 0 and bool((big["h_spread"] <= 0.25 * big[["coi_spread", "kappa_spread"]].min(axis=1)).all()
-                                    and (big["h_gap_mid_median"] <= 0.5).all()), "[ours]"),
-        claim("F4: at L̃ >= 5, >= 75% of mid-half layers keep k* or k*+1 singular values >= 0.1 s_1, the first and "
-              "last layers more (no gap near p = 0, 1)", FIG1, ">= 0.75; end ranks > k*+1",
-              {"share": big["mid_half_share"].tolist(), "first": big["rank_first"].tolist(),
-               "last": big["rank_last"].tolist()},
-              len(big) > 0 and bool((big["mid_half_share"] >= 0.75).all() and (big["rank_first"] > k + 1).all()
-                                    and (big["rank_last"] > k + 1).all())),
-        claim("F5: at L̃ >= 5, κ at both ends >= 10x its mid-half median, and mid-half median COI_γ within 1 of k*",
-              FIG1, ">= 10; |COI_γ - k*| <= 1",
-              {"first": (big["kappa_first"] / big["kappa_mid_median"]).tolist(),
-               "last": (big["kappa_last"] / big["kappa_mid_median"]).tolist(), "coi": big["coi_mid_median"].tolist()},
-              len(big) > 0 and bool((big["kappa_first"] >= 10 * big["kappa_mid_median"]).all()
-                                    and (big["kappa_last"] >= 10 * big["kappa_mid_median"]).all()
-                                    and ((big["coi_mid_median"] - k).abs() <= 1).all()), "[ours] 1 rank unit"),
-        claim("Fig. 3: max‖B_l‖, max‖B_lσ(A_{l-1})ᵀ‖, ℓ_F and ℓ_γ stay of the same order over L̃ (max/min <= 10)",
-              "THEORY.md Part 1 §5.3; Jacot & Kaiser Fig. 3", "<= 10", bounded,
-              all(v <= 10 for v in bounded.values()), "[ours] factor 10"),
+        claim(
+            "F1: median ĥ and ĥ_γ rise towards k* from below as L̃ grows (Spearman with L̃ >= 0.8, all <= k*+0.5, "
+            f"within 1 of k* at the largest L̃; median r there {last['residual_median']:.3g})",
+            FIG1,
+            f"rising to k* = {k}",
+            {
+                "spearman_h": rho_h,
+                "spearman_h_gamma": rho_hg,
+                "h_last": last["h_median"],
+                "h_gamma_last": last["h_gamma_median"],
+            },
+            rho_h >= 0.8
+            and rho_hg >= 0.8
+            and (t[["h_median", "h_gamma_median"]] <= k + 0.5).all().all()
+            and abs(last["h_median"] - k) <= 1
+            and abs(last["h_gamma_median"] - k) <= 1,
+            "[ours] 1 rank unit",
+        ),
+        claim(
+            "F2: min_l COI_γ falls towards k* from above (Spearman <= -0.8, all >= k*-0.5, last in [k*-0.5, k*+1.5]) "
+            "and stays >= median ĥ up to the slack of §3.5(c)",
+            FIG1,
+            f"falling to k* = {k}",
+            {"spearman": rho_c, "last": last["min_coi"], "min slack (d) upper": float(t["slack_d_upper"].min())},
+            rho_c <= -0.8
+            and (t["min_coi"] >= k - 0.5).all()
+            and k - 0.5 <= last["min_coi"] <= k + 1.5
+            and (t["slack_d_upper"] >= 0).all(),
+            "[ours] [-0.5, +1.5]",
+        ),
+        claim(
+            "F3: at L̃ >= 5, ĥ varies <= 0.25x as much over layers as COI_γ and κ; mid-half |ĥ_γ - ĥ| median <= 0.5",
+            FIG1,
+            "<= 0.25; <= 0.5",
+            {
+                "ratio_coi": (big["h_spread"] / big["coi_spread"]).tolist(),
+                "ratio_kappa": (big["h_spread"] / big["kappa_spread"]).tolist(),
+                "gap": big["h_gap_mid_median"].tolist(),
+            },
+            len(big) > 0
+            and bool(
+                (big["h_spread"] <= 0.25 * big[["coi_spread", "kappa_spread"]].min(axis=1)).all()
+                and (big["h_gap_mid_median"] <= 0.5).all()
+            ),
+            "[ours]",
+        ),
+        claim(
+            "F4: at L̃ >= 5, >= 75% of mid-half layers keep k* or k*+1 singular values >= 0.1 s_1, the first and "
+            "last layers more (no gap near p = 0, 1)",
+            FIG1,
+            ">= 0.75; end ranks > k*+1",
+            {
+                "share": big["mid_half_share"].tolist(),
+                "first": big["rank_first"].tolist(),
+                "last": big["rank_last"].tolist(),
+            },
+            len(big) > 0
+            and bool(
+                (big["mid_half_share"] >= 0.75).all()
+                and (big["rank_first"] > k + 1).all()
+                and (big["rank_last"] > k + 1).all()
+            ),
+        ),
+        claim(
+            "F5: at L̃ >= 5, κ at both ends >= 10x its mid-half median, and mid-half median COI_γ within 1 of k*",
+            FIG1,
+            ">= 10; |COI_γ - k*| <= 1",
+            {
+                "first": (big["kappa_first"] / big["kappa_mid_median"]).tolist(),
+                "last": (big["kappa_last"] / big["kappa_mid_median"]).tolist(),
+                "coi": big["coi_mid_median"].tolist(),
+            },
+            len(big) > 0
+            and bool(
+                (big["kappa_first"] >= 10 * big["kappa_mid_median"]).all()
+                and (big["kappa_last"] >= 10 * big["kappa_mid_median"]).all()
+                and ((big["coi_mid_median"] - k).abs() <= 1).all()
+            ),
+            "[ours] 1 rank unit",
+        ),
+        claim(
+            "Fig. 3: max‖B_l‖, max‖B_lσ(A_{l-1})ᵀ‖, ℓ_F and ℓ_γ stay of the same order over L̃ (max/min <= 10)",
+            "docs/theory/leaky-resnets.md §5.3; Jacot & Kaiser Fig. 3",
+            "<= 10",
+            bounded,
+            all(v <= 10 for v in bounded.values()),
+            "[ours] factor 10",
+        ),
     ]
 
 
@@ -228,8 +346,12 @@ def figure_profiles(cfg: Config, layers: dict[float, pd.DataFrame]):
             top.plot(df["p"], df[c], marker=".", lw=1, color=plt.cm.viridis(i / max(len(svs) - 1, 1)))
         top.set_yscale("log")
         top.set_title(f"L̃ = {Lt:g}: top singular values of W_p")
-        for col, label in (("h_rescaled", "ĥ"), ("h_gamma_rescaled", "ĥ_γ"), ("coi_gamma", "COI_γ(A_{l-1})"),
-                           ("kappa", "κ")):
+        for col, label in (
+            ("h_rescaled", "ĥ"),
+            ("h_gamma_rescaled", "ĥ_γ"),
+            ("coi_gamma", "COI_γ(A_{l-1})"),
+            ("kappa", "κ"),
+        ):
             bottom.plot(df["p"], df[col], marker=".", lw=1, label=label)
         bottom.axhline(k, color="k", ls="--", lw=1)
         bottom.set_yscale("symlog", linthresh=1.0)
@@ -243,8 +365,13 @@ def figure_profiles(cfg: Config, layers: dict[float, pd.DataFrame]):
 
 def figure_bounded(t: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for col, label in (("B_norm_max", "max_l ‖B_l‖"), ("BS_norm_max", "max_l ‖B_l σ(A_{l-1})ᵀ‖"),
-                       ("path_length_F", "ℓ_F"), ("path_length_gamma", "ℓ_γ"), ("residual_median", "median r")):
+    for col, label in (
+        ("B_norm_max", "max_l ‖B_l‖"),
+        ("BS_norm_max", "max_l ‖B_l σ(A_{l-1})ᵀ‖"),
+        ("path_length_F", "ℓ_F"),
+        ("path_length_gamma", "ℓ_γ"),
+        ("residual_median", "median r"),
+    ):
         ax.plot(t["effective_depth"], t[col], marker="o", label=label)
     ax.set_yscale("log")
     ax.set_xlabel("effective depth L̃")
@@ -259,23 +386,36 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     t = per_depth_table(cfg, layers, res)
     claims = quick_claims(cfg, t) if cfg.claims == "quick" else paper_claims(cfg, t)
     all_layers = pd.concat([df.assign(effective_depth=Lt) for Lt, df in layers.items()], ignore_index=True)
-    figures = {"hamiltonian_vs_depth": figure_vs_depth(cfg, t), "profiles": figure_profiles(cfg, layers),
-               "bounded_quantities": figure_bounded(t)}
-    notes = [f"Convergence residual r (median over layers) by L̃: "
-             + ", ".join(f"{a:g}: {b:.3g}" for a, b in zip(t["effective_depth"], t["residual_median"]))
-             + ". The exact Hamiltonian ĥ is a k* estimate only when r is small (Part 1 §3.2, §5.4).",
-             f"Largest |𝓗ᵀ⁴ - 𝓗| over layers by L̃: " + ", ".join(f"{a:g}: {b:.3g}" for a, b in
-                                                                 zip(t["effective_depth"], t["thm4_gap_max"]))]
-    summary = {"k_star": lb.bottleneck_rank(cfg),
-               "per_depth": t.drop(columns=["train_seconds", "diagnostics_seconds"]).to_dict(orient="records"),
-               "diagnostics_seconds": t["diagnostics_seconds"].tolist()}
+    figures = {
+        "hamiltonian_vs_depth": figure_vs_depth(cfg, t),
+        "profiles": figure_profiles(cfg, layers),
+        "bounded_quantities": figure_bounded(t),
+    }
+    notes = [
+        "Convergence residual r (median over layers) by L̃: "
+        + ", ".join(f"{a:g}: {b:.3g}" for a, b in zip(t["effective_depth"], t["residual_median"]))
+        + ". The exact Hamiltonian ĥ is a k* estimate only when r is small (Part 1 §3.2, §5.4).",
+        "Largest |𝓗ᵀ⁴ - 𝓗| over layers by L̃: "
+        + ", ".join(f"{a:g}: {b:.3g}" for a, b in zip(t["effective_depth"], t["thm4_gap_max"])),
+    ]
+    summary = {
+        "k_star": lb.bottleneck_rank(cfg),
+        "per_depth": t.drop(columns=["train_seconds", "diagnostics_seconds"]).to_dict(orient="records"),
+        "diagnostics_seconds": t["diagnostics_seconds"].tolist(),
+    }
     return Analysis(claims, figures, {"per_depth": t, "layers": all_layers}, summary, notes)
 
 
 EXPERIMENT = Experiment(
     name="leaky-hamiltonian",
     summary="Across effective depths, the rescaled Hamiltonian of a trained Leaky ResNet rises towards the "
-            "bottleneck rank k* while the cost of identity falls to it; energies and spectra along the depth.",
+    "bottleneck rank k* while the cost of identity falls to it; energies and spectra along the depth.",
     reference="Jacot & Kaiser, Hamiltonian Mechanics of Feature Learning (arXiv 2405.17573), Figs. 1 and 3; "
-              "THEORY.md Part 1 §3, §5",
-    config=Config, presets=PRESETS, units=units, build=build, finish=finish, analyze=analyze)
+    "docs/theory/leaky-resnets.md §3, §5",
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    build=build,
+    finish=finish,
+    analyze=analyze,
+)

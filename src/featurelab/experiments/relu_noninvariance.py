@@ -1,6 +1,6 @@
 """`relu-noninvariance`: the Gram difference I = W_lW_lᵀ - W_{l+1}ᵀW_{l+1} is conserved only between units
 with equal activation patterns; between ReLU units (or a ReLU and a linear unit) it moves at rate Φ of
-Lemma 4, independently of η (THEORY.md Part 5 §3 Lemma 4, §6c; Le & Jegelka, ICLR 2022).
+Lemma 4, independently of η (docs/theory/invariances.md §3 Lemma 4, §6c; Le & Jegelka, ICLR 2022).
 
 FC 10-32-32-1 whose hidden neurons 0-7 are linear and the rest ReLU, init N(0, 1/fan_in), logistic
 loss on separable data, float64 full-batch GD at η ∈ {0.1, 0.05, 0.025} for τ = ηT = 100. Blocks of I's
@@ -9,23 +9,23 @@ ReLU-ReLU off-diagonal (BB), cross (AB), diagonal. Φ is checked against autogra
 A plain ReLU net's stably active set A(0, T) and its submatrix drift are reported (informational).
 paper: seeds 0-2 [ours].
 """
+
 from __future__ import annotations
 
 import pandas as pd
 import torch
 from pydantic import Field
 
+from ..claims import claim
 from ..config import ExperimentConfig
 from ..data.separable import separable
-from ..measurements.invariances import (InvariantTracker, flow_derivative, gram, gram_difference,
-                                        noninvariance_flow)
+from ..figures import plt
+from ..measurements.invariances import InvariantTracker, flow_derivative, gram, gram_difference, noninvariance_flow
 from ..models.residual import Dense, HomogeneousNet
-from ..runs.claims import claim
-from ..runs.figures import plt
 from ..training import Phase, TrainConfig, train
 from .base import Analysis, Experiment
 
-REF = "THEORY.md Part 5 §6c; Le & Jegelka (ICLR 2022) Lemma 4"
+REF = "docs/theory/invariances.md §6c; Le & Jegelka (ICLR 2022) Lemma 4"
 BLOCKS = ("AA", "BB", "AB", "diag")
 
 
@@ -49,16 +49,21 @@ def make_model(cfg: Config, seed: int, n_linear: int) -> HomogeneousNet:
     g = torch.Generator().manual_seed(seed)
     leak = [1.0] * n_linear + [0.0] * (cfg.width - n_linear)
     kw = {"init_scale": cfg.init_scale, "generator": g}
-    return HomogeneousNet([Dense(10, cfg.width, leak, **kw), Dense(cfg.width, cfg.width, leak, **kw),
-                           Dense(cfg.width, 1, 1.0, **kw)])
+    return HomogeneousNet(
+        [Dense(10, cfg.width, leak, **kw), Dense(cfg.width, cfg.width, leak, **kw), Dense(cfg.width, 1, 1.0, **kw)]
+    )
 
 
 def block_masks(n: int, n_linear: int) -> dict[str, torch.Tensor]:
     """Entry masks of I's blocks: AA/BB off-diagonal linear-linear / ReLU-ReLU, AB cross, diag."""
     lin = torch.arange(n) < n_linear
     off = ~torch.eye(n, dtype=torch.bool)
-    return {"AA": lin[:, None] & lin[None, :] & off, "BB": ~lin[:, None] & ~lin[None, :] & off,
-            "AB": lin[:, None] ^ lin[None, :], "diag": ~off}
+    return {
+        "AA": lin[:, None] & lin[None, :] & off,
+        "BB": ~lin[:, None] & ~lin[None, :] & off,
+        "AB": lin[:, None] ^ lin[None, :],
+        "diag": ~off,
+    }
 
 
 class PhiCheck:
@@ -95,15 +100,22 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     plain = unit.get("plain", False)
     model = make_model(cfg, unit["seed"] + 1, 0 if plain else cfg.n_linear)
     steps = int(round(cfg.tau / unit["eta"]))
-    tc = TrainConfig(objective="logistic", lam=0.0, phases=[Phase(optimizer="sgd", lr=unit["eta"], steps=steps)],
-                     log_every=max(1, steps // 10))
+    tc = TrainConfig(
+        objective="logistic",
+        lam=0.0,
+        phases=[Phase(optimizer="sgd", lr=unit["eta"], steps=steps)],
+        log_every=max(1, steps // 10),
+    )
     if plain:
         tracker = InvariantTracker(model, data.X_train)
         result = train(model, data, tc, device=ctx.device, callbacks=[tracker], progress=ctx.progress)
         s = tracker.summary()
-        return {"plain": True, "matrix": s[s.kind == "matrix"].to_dict(orient="records"),
-                "stably_active": {f"{k[0]}.{k[1]}": int(m.sum()) for k, m in tracker.stable_units.items()},
-                "seconds": result.seconds}
+        return {
+            "plain": True,
+            "matrix": s[s.kind == "matrix"].to_dict(orient="records"),
+            "stably_active": {f"{k[0]}.{k[1]}": int(m.sum()) for k, m in tracker.stable_units.items()},
+            "seconds": result.seconds,
+        }
     with torch.no_grad():
         start = [gram_parts(model, l) for l in (0, 1)]
     phi = PhiCheck(data, cfg.check_every)
@@ -117,15 +129,31 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
             denom = max(float(t.norm()) for t in (*start[l][1:], *end[1:]))
             for b, m in masks.items():
                 drifts[f"{b}{l + 1}"] = float((end[0] - start[l][0])[m].norm()) / denom
-    return {"plain": False, "eta": unit["eta"], "seed": unit["seed"], "drifts": drifts,
-            "phi_error": max(phi.errors), "final_loss": float(result.history["loss"].iloc[-1]),
-            "seconds": result.seconds}
+    return {
+        "plain": False,
+        "eta": unit["eta"],
+        "seed": unit["seed"],
+        "drifts": drifts,
+        "phi_error": max(phi.errors),
+        "final_loss": float(result.history["loss"].iloc[-1]),
+        "seconds": result.seconds,
+    }
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     runs = [r for r in results.values() if not r["plain"]]
-    table = pd.DataFrame([{"eta": r["eta"], "seed": r["seed"], **r["drifts"], "phi_error": r["phi_error"],
-                           "final_loss": r["final_loss"]} for r in runs]).sort_values(["seed", "eta"])
+    table = pd.DataFrame(
+        [
+            {
+                "eta": r["eta"],
+                "seed": r["seed"],
+                **r["drifts"],
+                "phi_error": r["phi_error"],
+                "final_loss": r["final_loss"],
+            }
+            for r in runs
+        ]
+    ).sort_values(["seed", "eta"])
     blocks = lambda b: [c for c in table.columns if c[:-1] == b]  # noqa: E731
     small = table[blocks("AA") + blocks("diag")]
     large = table[blocks("BB") + blocks("AB")]
@@ -142,17 +170,38 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     sep = float((mixed / equal).min())
     phi_err = float(table.phi_error.max())
     claims = [
-        claim("equal-pattern blocks (linear-linear AA, diagonal) drift only by the η² term", REF, "<= 2e-3",
-              float(small.to_numpy().max()), bool(small.to_numpy().max() <= 2e-3)),
-        claim("... and halve with η: drift(η/2)/drift(η)", REF, "in [0.4, 0.6]", [min(halving), max(halving)],
-              all(0.4 <= h <= 0.6 for h in halving)),
-        claim("mixed-pattern blocks (ReLU-ReLU off-diagonal BB, cross AB) move at rate Φ", REF, ">= 2e-2",
-              float(large.to_numpy().min()), bool(large.to_numpy().min() >= 2e-2)),
-        claim("... by an amount independent of η: (max - min)/max across η", REF, "< 0.1", max(spread),
-              max(spread) < 0.1),
+        claim(
+            "equal-pattern blocks (linear-linear AA, diagonal) drift only by the η² term",
+            REF,
+            "<= 2e-3",
+            float(small.to_numpy().max()),
+            bool(small.to_numpy().max() <= 2e-3),
+        ),
+        claim(
+            "... and halve with η: drift(η/2)/drift(η)",
+            REF,
+            "in [0.4, 0.6]",
+            [min(halving), max(halving)],
+            all(0.4 <= h <= 0.6 for h in halving),
+        ),
+        claim(
+            "mixed-pattern blocks (ReLU-ReLU off-diagonal BB, cross AB) move at rate Φ",
+            REF,
+            ">= 2e-2",
+            float(large.to_numpy().min()),
+            bool(large.to_numpy().min() >= 2e-2),
+        ),
+        claim(
+            "... by an amount independent of η: (max - min)/max across η", REF, "< 0.1", max(spread), max(spread) < 0.1
+        ),
         claim(f"separation min(BB, AB)/max(AA, diag) at η = {etas[0]:g}", REF, ">= 30", sep, sep >= 30),
-        claim("Φ (closed form of Lemma 4) equals dI/dt by autograd, every 100 steps", "THEORY.md Part 5 §3 Lemma 4",
-              "<= 1e-9 · max|Φ|", phi_err, phi_err <= 1e-9),
+        claim(
+            "Φ (closed form of Lemma 4) equals dI/dt by autograd, every 100 steps",
+            "docs/theory/invariances.md §3 Lemma 4",
+            "<= 1e-9 · max|Φ|",
+            phi_err,
+            phi_err <= 1e-9,
+        ),
     ]
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for b, style in zip(BLOCKS, ("o-", "s-", "^-", "x--")):
@@ -166,20 +215,30 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ax.set_title(f"Lemma 4: ReLU Gram entries move, linear ones do not (τ = {cfg.tau:g})")
     ax.legend(fontsize=7, ncol=2)
     plain = [r for r in results.values() if r["plain"]]
-    notes = [f"plain ReLU net (η = {cfg.plain_eta:g}): stably active units A(0, T) per junction "
-             f"{r['stably_active']}; matrix invariants on them: "
-             + ", ".join(f"{m['invariant']} rel_drift {m['rel_drift']:.3g} ({m['in_scope']} entries)"
-                         for m in r["matrix"])
-             for r in plain]
-    summary = {"max_equal_pattern_drift": float(small.to_numpy().max()),
-               "min_mixed_drift": float(large.to_numpy().min()),
-               "separation": sep, "phi_error": phi_err,
-               "plain_stably_active": [r["stably_active"] for r in plain]}
+    notes = [
+        f"plain ReLU net (η = {cfg.plain_eta:g}): stably active units A(0, T) per junction "
+        f"{r['stably_active']}; matrix invariants on them: "
+        + ", ".join(f"{m['invariant']} rel_drift {m['rel_drift']:.3g} ({m['in_scope']} entries)" for m in r["matrix"])
+        for r in plain
+    ]
+    summary = {
+        "max_equal_pattern_drift": float(small.to_numpy().max()),
+        "min_mixed_drift": float(large.to_numpy().min()),
+        "separation": sep,
+        "phi_error": phi_err,
+        "plain_stably_active": [r["stably_active"] for r in plain],
+    }
     return Analysis(claims, {"block_drift": fig}, {"drift": table}, summary, notes)
 
 
 EXPERIMENT = Experiment(
     name="relu-noninvariance",
     summary="Gram differences between ReLU units are not conserved (they move at the rate Φ of Lemma 4), while "
-            "linear-linear and diagonal entries drift only by the O(η) GD term.",
-    reference=REF, config=Config, presets=PRESETS, units=units, run_unit=run_unit, analyze=analyze)
+    "linear-linear and diagonal entries drift only by the O(η) GD term.",
+    reference=REF,
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    run_unit=run_unit,
+    analyze=analyze,
+)

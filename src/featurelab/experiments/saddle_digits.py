@@ -1,5 +1,5 @@
 """`saddle-digits` and `saddle-mnist`: saddle-to-saddle training of a deep bias-free ReLU MLP from small
-initialization (THEORY.md Part 4 §6, A3, A4; Bantzis, Simon, Jacot Fig. 1 and App. B Figs. 3-4).
+initialization (docs/theory/saddle-to-saddle.md §6, A3, A4; Bantzis, Simon, Jacot Fig. 1 and App. B Figs. 3-4).
 
 Minibatch SGD with ``lr_t = max(c/‖θ_t‖^{L-2}, lr_min)`` on mean cross-entropy from init std σ_0. The
 full-train loss sits at ln 10 (the origin saddle), escapes along a nearly rank-one direction to a second
@@ -11,7 +11,7 @@ saddle-digits quick (Part 4 §6 `digits_quick`, 3 seeds, ≈45 s per seed on one
 digits (all 1797, standardized), 64→64×5→10, σ_0 = 0.01, batch 128, c = 20, floor 0.05;
 each epoch's last batch of 1797 mod 128 = 5 samples is kept, as torch's DataLoader does (see the docs);
 a relative trust region ‖Δθ‖ <= 0.25‖θ‖ (ours) cuts the rare runaway steps at the floor; 90k steps
-instead of THEORY's 60k (ours: the second escape is late in about half the seeds, docs/saddle-to-saddle.md).
+instead of the reference 60k (ours: the second escape is late in about half the seeds, docs/saddle-to-saddle.md).
 The seeds train as batched ensembles (`build`/`finish`; `SaddleLog` is an ``on_log`` callback).
 saddle-digits paper: the same with 5 seeds. saddle-mnist paper (`mnist_paper`): MNIST from local IDX files,
 784→1000×5→10, σ_0 = 1e-3, batch 32, 1000 epochs, c = 10, no floor (a GPU job); its quick preset (ours,
@@ -21,6 +21,7 @@ layers nearly rank one at its midpoint and more so than layer 1, a low final los
 5 logged losses, A4's smoothing, so that one spike at the floor is not read as the end point), and a
 second singular value grown in layers 3-5 at the end.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,18 +31,18 @@ import pandas as pd
 import torch
 from pydantic import Field
 
+from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import digits, mnist
 from ..data.dataset import Dataset
-from ..measurements.escape import escape_speed, tail_ratio
+from ..figures import plt
+from ..measurements.escape import cross_entropy_gradient, escape_speed, tail_ratio
 from ..models import MLP
-from ..runs.claims import claim
-from ..runs.figures import plt
 from ..training import Phase, TrainConfig
 from ..training.plateaus import detect_plateaus, smooth
 from .base import Analysis, Experiment, TrainingUnit
 
-REF = "THEORY.md Part 4 §6-§7; Bantzis, Simon, Jacot Fig. 1, App. B Figs. 3-4"
+REF = "docs/theory/saddle-to-saddle.md §6-§7; Bantzis, Simon, Jacot Fig. 1, App. B Figs. 3-4"
 
 
 class Config(ExperimentConfig):
@@ -71,7 +72,7 @@ class MnistConfig(Config):
     dataset: str = Field("mnist", pattern="^(digits|mnist)$")
 
 
-# Training runs in float32 (THEORY.md quotes ≈30 s per seed: float32 speed); diagnostics are float64. The
+# Training runs in float32 (the reference ≈30 s per seed is float32 speed); diagnostics are float64. The
 # late phase at the lr floor is chaotic; see docs/saddle-to-saddle.md for the measured success rates.
 DIGITS_PRESETS = {
     "quick": {"steps": 90000},
@@ -79,23 +80,53 @@ DIGITS_PRESETS = {
     "paper": {"steps": 90000, "seeds": 5},
 }
 MNIST_PRESETS = {
-    "quick": {"dataset": "mnist", "n_train": 10000, "width": 256, "init_std": 1e-3, "batch_size": 32,
-              "steps": 60000, "lr_c": 10.0, "lr_min": 0.05, "log_every": 250, "seeds": 1,
-              "second_level": [0.3, 2.25]},
-    "paper": {"dataset": "mnist", "width": 1000, "init_std": 1e-3, "batch_size": 32, "steps": 1_875_000,
-              "lr_c": 10.0, "lr_min": 0.0, "max_step": None, "log_every": 500, "checkpoint_every": 25000,
-              "seeds": 1, "plateau_min_steps": 3750, "claim_min_steps": 20000, "second_level": [0.3, 2.25]},
-    "depth4": {"dataset": "mnist", "depth": 4, "width": 1000, "init_std": 1e-3, "batch_size": 32,
-               "steps": 1_875_000, "lr_c": 10.0, "lr_min": 0.0, "max_step": None, "log_every": 500,
-               "checkpoint_every": 25000, "seeds": 1, "plateau_min_steps": 3750, "claim_min_steps": 20000, "second_level": [0.3, 2.25]},
+    "quick": {
+        "dataset": "mnist",
+        "n_train": 10000,
+        "width": 256,
+        "init_std": 1e-3,
+        "batch_size": 32,
+        "steps": 60000,
+        "lr_c": 10.0,
+        "lr_min": 0.05,
+        "log_every": 250,
+        "seeds": 1,
+        "second_level": [0.3, 2.25],
+    },
+    "paper": {
+        "dataset": "mnist",
+        "width": 1000,
+        "init_std": 1e-3,
+        "batch_size": 32,
+        "steps": 1_875_000,
+        "lr_c": 10.0,
+        "lr_min": 0.0,
+        "max_step": None,
+        "log_every": 500,
+        "checkpoint_every": 25000,
+        "seeds": 1,
+        "plateau_min_steps": 3750,
+        "claim_min_steps": 20000,
+        "second_level": [0.3, 2.25],
+    },
+    "depth4": {
+        "dataset": "mnist",
+        "depth": 4,
+        "width": 1000,
+        "init_std": 1e-3,
+        "batch_size": 32,
+        "steps": 1_875_000,
+        "lr_c": 10.0,
+        "lr_min": 0.0,
+        "max_step": None,
+        "log_every": 500,
+        "checkpoint_every": 25000,
+        "seeds": 1,
+        "plateau_min_steps": 3750,
+        "claim_min_steps": 20000,
+        "second_level": [0.3, 2.25],
+    },
 }
-
-
-def cross_entropy_gradient(Y: torch.Tensor, n_classes: int) -> torch.Tensor:
-    """G = ∇C(0) of mean K-class cross-entropy, ``N x K`` (rows are samples): ``(1/K - onehot(y))/N``
-    (THEORY.md Part 4 §2, transposed). Y: ``N`` int64 labels."""
-    onehot = torch.nn.functional.one_hot(Y, n_classes).to(torch.float64)
-    return (1.0 / n_classes - onehot) / len(Y)
 
 
 class SaddleLog:
@@ -119,9 +150,15 @@ def make_data(cfg: Config) -> Dataset:
     else:
         data = mnist(cfg.mnist_path, normalize="standardize")
     if cfg.n_train is not None and cfg.n_train < len(data.X_train):
-        idx = torch.randperm(len(data.X_train), generator=torch.Generator().manual_seed(cfg.seed))[:cfg.n_train]
-        data = Dataset(data.X_train[idx], data.Y_train[idx], data.X_test[:0], data.Y_test[:0], data.n_classes,
-                       data.meta | {"n_train": cfg.n_train})
+        idx = torch.randperm(len(data.X_train), generator=torch.Generator().manual_seed(cfg.seed))[: cfg.n_train]
+        data = Dataset(
+            data.X_train[idx],
+            data.Y_train[idx],
+            data.X_test[:0],
+            data.Y_test[:0],
+            data.n_classes,
+            data.meta | {"n_train": cfg.n_train},
+        )
     return data
 
 
@@ -132,12 +169,36 @@ def units(cfg: Config) -> list[dict]:
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     """One seed's run: the bias-free MLP from std-σ_0 init, A3's lr rule, and the `SaddleLog` columns."""
     data = make_data(cfg)
-    model = MLP(data.d_in, data.n_classes, cfg.width, cfg.depth, bias=0.0, init="absolute",
-                init_scale=cfg.init_std, seed=unit["seed"], dtype=getattr(torch, cfg.dtype))
-    config = TrainConfig(objective="cross_entropy", phases=[Phase(
-        optimizer="sgd", steps=cfg.steps, lr=cfg.lr_c, schedule="inverse_norm", lr_min=cfg.lr_min,
-        batch_size=cfg.batch_size, drop_last=cfg.drop_last, max_step=cfg.max_step)], log_every=cfg.log_every,
-        checkpoint_every=cfg.checkpoint_every, top_singular_values=10, seed=unit["seed"])
+    model = MLP(
+        data.d_in,
+        data.n_classes,
+        cfg.width,
+        cfg.depth,
+        bias=0.0,
+        init="absolute",
+        init_scale=cfg.init_std,
+        seed=unit["seed"],
+        dtype=getattr(torch, cfg.dtype),
+    )
+    config = TrainConfig(
+        objective="cross_entropy",
+        phases=[
+            Phase(
+                optimizer="sgd",
+                steps=cfg.steps,
+                lr=cfg.lr_c,
+                schedule="inverse_norm",
+                lr_min=cfg.lr_min,
+                batch_size=cfg.batch_size,
+                drop_last=cfg.drop_last,
+                max_step=cfg.max_step,
+            )
+        ],
+        log_every=cfg.log_every,
+        checkpoint_every=cfg.checkpoint_every,
+        top_singular_values=10,
+        seed=unit["seed"],
+    )
     G = cross_entropy_gradient(data.Y_train, data.n_classes)
     return TrainingUnit(model, data, config, callbacks=(SaddleLog(data.X_train.double(), G),))
 
@@ -161,21 +222,34 @@ def summarize(cfg: Config, hist: pd.DataFrame) -> dict:
     plateaus = []
     for p in detect_plateaus(hist["step"], hist["loss"], min_length=cfg.plateau_min_steps):
         row = _row_at(hist, p.mid)
-        plateaus.append({"start": p.start, "end": p.end, "mid": p.mid, "length": p.length, "level": p.level,
-                         "escape": p.escape, "speed": float(row.get("speed", np.nan)),
-                         "r_W": [float(row[f"rW{l}"]) for l in range(1, L + 1)],
-                         "s2_s1": [_s2_s1(row, l) for l in range(1, L + 1)]})
+        plateaus.append(
+            {
+                "start": p.start,
+                "end": p.end,
+                "mid": p.mid,
+                "length": p.length,
+                "level": p.level,
+                "escape": p.escape,
+                "speed": float(row.get("speed", np.nan)),
+                "r_W": [float(row[f"rW{l}"]) for l in range(1, L + 1)],
+                "s2_s1": [_s2_s1(row, l) for l in range(1, L + 1)],
+            }
+        )
     last = hist.iloc[-1]
     final = float(np.median(hist["loss"].to_numpy()[-5:]))  # A4's 5-point median, so a last spike is not read
-    return {"plateaus": plateaus, "final_loss": final, "last_loss": float(last["loss"]),
-            "final_error": float(last["train_error"]),
-            "capped_steps": int(last.get("capped_steps", 0)),
-            "final_s2_s1": [_s2_s1(last, l) for l in range(1, L + 1)],
-            "final_r_W": [float(last[f"rW{l}"]) for l in range(1, L + 1)]}
+    return {
+        "plateaus": plateaus,
+        "final_loss": final,
+        "last_loss": float(last["loss"]),
+        "final_error": float(last["train_error"]),
+        "capped_steps": int(last.get("capped_steps", 0)),
+        "final_s2_s1": [_s2_s1(last, l) for l in range(1, L + 1)],
+        "final_r_W": [float(last[f"rW{l}"]) for l in range(1, L + 1)],
+    }
 
 
 def seed_checks(cfg: Config, res: dict) -> dict:
-    """The per-seed checks of THEORY.md Part 4 §7 ('digits quick')."""
+    """The per-seed checks of docs/theory/saddle-to-saddle.md §7 ('digits quick')."""
     L, lo, hi = cfg.depth, *cfg.second_level
     ps = res["plateaus"]
     first = ps[0] if ps else None
@@ -187,7 +261,8 @@ def seed_checks(cfg: Config, res: dict) -> dict:
     deep_max = max(rw[l - 1] for l in deep)
     mid = list(range(3, L)) if L >= 4 else [L]  # layers 3..5 for L = 6
     return {
-        "saddles": len(saddles), "first_level": first["level"] if first else float("nan"),
+        "saddles": len(saddles),
+        "first_level": first["level"] if first else float("nan"),
         "first_length": first["length"] if first else 0,
         "two_plateaus_first_ln10": first_ok and len(saddles) >= 2,
         "second_level": second["level"] if second else float("nan"),
@@ -196,7 +271,8 @@ def seed_checks(cfg: Config, res: dict) -> dict:
         "r_W_second": rw,
         "deep_rank_one": bool(second) and all(rw[l - 1] <= 0.1 for l in deep[:-1]) and rw[L - 1] <= 0.02,
         "first_layer_less_rank_one": bool(second) and rw[0] > deep_max,
-        "final_loss": res["final_loss"], "final_loss_ok": res["final_loss"] <= cfg.final_loss_max,
+        "final_loss": res["final_loss"],
+        "final_loss_ok": res["final_loss"] <= cfg.final_loss_max,
         "capped_steps": res.get("capped_steps", 0),
         "final_s2_s1_max_mid": max(res["final_s2_s1"][l - 1] for l in mid),
         "second_sv_grows": max(res["final_s2_s1"][l - 1] for l in mid) >= 0.3,
@@ -217,35 +293,72 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         return claim(statement, REF, f"{expected}, in >= {need} of {len(ids)} seeds", measured, passed >= need)
 
     claims = [
-        seed_claim("two_plateaus_first_ln10", f"training from small init passes >= 2 saddles; the first plateau sits "
-                   f"at ln 10 = {math.log(10):.4f} (±0.01) for >= {cfg.claim_min_steps} steps",
-                   ">= 2 escapes, first level ln 10", "saddles"),
-        seed_claim("second_plateau", f"a second plateau at loss in [{lo}, {hi}] lasts >= {cfg.claim_min_steps} steps",
-                   f"level in [{lo}, {hi}]", "second_level"),
-        seed_claim("deep_rank_one", f"at the second plateau's midpoint the deep layers {deep} are nearly rank one: "
-                   f"r_W <= 0.1, and r_W(L) <= 0.02", "r_W(deep) <= 0.1, r_W(L) <= 0.02", "r_W_second"),
-        seed_claim("first_layer_less_rank_one", f"at that midpoint the first layer is further from rank one than "
-                   f"layers {deep}: r_W(1) > max r_W({deep})", "r_W(1) > max deep r_W", "r_W_second"),
-        seed_claim("final_loss_ok", f"training ends at a low loss (<= {cfg.final_loss_max}; median of the last 5 "
-                   "logged losses)",
-                   f"final loss <= {cfg.final_loss_max}", "final_loss"),
-        seed_claim("second_sv_grows", "after the later escapes a second singular value has grown in layers "
-                   "3..L-1: final max s2/s1 >= 0.3", "max s2/s1 >= 0.3", "final_s2_s1_max_mid"),
+        seed_claim(
+            "two_plateaus_first_ln10",
+            f"training from small init passes >= 2 saddles; the first plateau sits "
+            f"at ln 10 = {math.log(10):.4f} (±0.01) for >= {cfg.claim_min_steps} steps",
+            ">= 2 escapes, first level ln 10",
+            "saddles",
+        ),
+        seed_claim(
+            "second_plateau",
+            f"a second plateau at loss in [{lo}, {hi}] lasts >= {cfg.claim_min_steps} steps",
+            f"level in [{lo}, {hi}]",
+            "second_level",
+        ),
+        seed_claim(
+            "deep_rank_one",
+            f"at the second plateau's midpoint the deep layers {deep} are nearly rank one: "
+            f"r_W <= 0.1, and r_W(L) <= 0.02",
+            "r_W(deep) <= 0.1, r_W(L) <= 0.02",
+            "r_W_second",
+        ),
+        seed_claim(
+            "first_layer_less_rank_one",
+            f"at that midpoint the first layer is further from rank one than layers {deep}: r_W(1) > max r_W({deep})",
+            "r_W(1) > max deep r_W",
+            "r_W_second",
+        ),
+        seed_claim(
+            "final_loss_ok",
+            f"training ends at a low loss (<= {cfg.final_loss_max}; median of the last 5 logged losses)",
+            f"final loss <= {cfg.final_loss_max}",
+            "final_loss",
+        ),
+        seed_claim(
+            "second_sv_grows",
+            "after the later escapes a second singular value has grown in layers 3..L-1: final max s2/s1 >= 0.3",
+            "max s2/s1 >= 0.3",
+            "final_s2_s1_max_mid",
+        ),
     ]
 
     rows = []
     for u in ids:
         for k, p in enumerate(results[u]["plateaus"], start=1):
-            rows.append({"seed": u, "plateau": k, "start": p["start"], "end": p["end"], "level": p["level"],
-                         "escape_step": p["escape"], "speed_at_mid": p["speed"],
-                         **{f"r_W{l}": p["r_W"][l - 1] for l in range(1, L + 1)},
-                         **{f"s2/s1_{l}": p["s2_s1"][l - 1] for l in range(1, L + 1)}})
+            rows.append(
+                {
+                    "seed": u,
+                    "plateau": k,
+                    "start": p["start"],
+                    "end": p["end"],
+                    "level": p["level"],
+                    "escape_step": p["escape"],
+                    "speed_at_mid": p["speed"],
+                    **{f"r_W{l}": p["r_W"][l - 1] for l in range(1, L + 1)},
+                    **{f"s2/s1_{l}": p["s2_s1"][l - 1] for l in range(1, L + 1)},
+                }
+            )
     plateau_table = pd.DataFrame(rows)
-    seed_table = pd.DataFrame([{"seed": u, **{k: (str(v) if isinstance(v, list) else v) for k, v in c.items()}}
-                               for u, c in checks.items()])
+    seed_table = pd.DataFrame(
+        [{"seed": u, **{k: (str(v) if isinstance(v, list) else v) for k, v in c.items()}} for u, c in checks.items()]
+    )
 
-    hists = {u: pd.read_csv(ctx.dir / "units" / u / "history.csv") for u in ids
-             if (ctx.dir / "units" / u / "history.csv").exists()}
+    hists = {
+        u: pd.read_csv(ctx.dir / "units" / u / "history.csv")
+        for u in ids
+        if (ctx.dir / "units" / u / "history.csv").exists()
+    }
     figures = {}
     if hists:
         fig, ax = plt.subplots(figsize=(8, 4.2))
@@ -294,26 +407,40 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         figures["r_W"] = fig3
 
     summary = {"seeds": len(ids), "checks": {u: {k: v for k, v in c.items()} for u, c in checks.items()}}
-    notes = ["lr_t = max(c/‖θ_t‖^{L-2}, lr_min): the floor lr_min is a deliberate deviation of the quick preset "
-             "(THEORY.md Part 4 §6, §8.7); it can cause upward loss spikes, which plateau detection ignores.",
-             f"max_step = {cfg.max_step}: a step never moves θ by more than max_step·‖θ‖ (a deviation of ours, "
-             "docs/saddle-to-saddle.md); the seed table's capped_steps counts the steps it cut. Without it, one "
-             "rare step at the floor (‖Δθ‖ up to 1.9‖θ‖) can kill every unit and send a seed back to ln 10."]
+    notes = [
+        "lr_t = max(c/‖θ_t‖^{L-2}, lr_min): the floor lr_min is a deliberate deviation of the quick preset "
+        "(docs/theory/saddle-to-saddle.md §6, §8.7); it can cause upward loss spikes, which plateau detection ignores.",
+        f"max_step = {cfg.max_step}: a step never moves θ by more than max_step·‖θ‖ (a deviation of ours, "
+        "docs/saddle-to-saddle.md); the seed table's capped_steps counts the steps it cut. Without it, one "
+        "rare step at the floor (‖Δθ‖ up to 1.9‖θ‖) can kill every unit and send a seed back to ln 10.",
+    ]
     return Analysis(claims, figures, {"plateaus": plateau_table, "seed_checks": seed_table}, summary, notes)
 
 
 EXPERIMENT = Experiment(
     name="saddle-digits",
     summary="A deep bias-free ReLU MLP trained from small initialization on the digits goes from saddle to saddle: "
-            "a plateau at ln 10, an escape along a nearly rank-one direction, a second plateau, a second escape.",
+    "a plateau at ln 10, an escape along a nearly rank-one direction, a second plateau, a second escape.",
     reference="Bantzis, Simon, Jacot, Saddle-to-Saddle Dynamics in Deep ReLU Networks, Fig. 1, App. B; "
-              "THEORY.md Part 4 §6 (digits_quick)",
-    config=Config, presets=DIGITS_PRESETS, units=units, build=build, finish=finish, analyze=analyze)
+    "docs/theory/saddle-to-saddle.md §6 (digits_quick)",
+    config=Config,
+    presets=DIGITS_PRESETS,
+    units=units,
+    build=build,
+    finish=finish,
+    analyze=analyze,
+)
 
 MNIST_EXPERIMENT = Experiment(
     name="saddle-mnist",
     summary="Saddle-to-saddle dynamics of a depth-6 bias-free ReLU MLP on MNIST (local IDX files; paper preset "
-            "needs a GPU).",
+    "needs a GPU).",
     reference="Bantzis, Simon, Jacot, Saddle-to-Saddle Dynamics in Deep ReLU Networks, Fig. 1, App. B; "
-              "THEORY.md Part 4 §6 (mnist_paper)",
-    config=MnistConfig, presets=MNIST_PRESETS, units=units, build=build, finish=finish, analyze=analyze)
+    "docs/theory/saddle-to-saddle.md §6 (mnist_paper)",
+    config=MnistConfig,
+    presets=MNIST_PRESETS,
+    units=units,
+    build=build,
+    finish=finish,
+    analyze=analyze,
+)

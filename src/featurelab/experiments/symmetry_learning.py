@@ -1,4 +1,4 @@
-"""`symmetry-learning`: an L2-regularized MLP learns the symmetries of gradient descent (THEORY.md Part 2
+"""`symmetry-learning`: an L2-regularized MLP learns the symmetries of gradient descent (docs/theory/bottleneck-rank.md
 §4b; Jacot, NeurIPS 2023, Sec. 5 and Fig. 2).
 
 Input: a starting point w₀ of GD on C(w) = ‖wwᵀ − uuᵀ − E‖²_F; target: its loss curve C(w_1..w_T).
@@ -14,6 +14,7 @@ polynomial R²: Z→|m| >= 0.95, Z→r >= 0.9, (|m|, r)→Z >= 0.95, Z→signed 
 change of α̃_ℓ* (centred, as the relative MSE) under maps fixing ±u < 0.05, under a random orthogonal
 map > 0.5. Check 4 (GD paths follow a map Z_t ↦ Z_{t+1}, R² >= 0.9) is uncalibrated and only reported.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,13 +26,13 @@ from sklearn.linear_model import LinearRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import PolynomialFeatures
 
+from ..claims import claim
 from ..config import ExperimentConfig
 from ..data.bn_tasks import symmetry_gd, symmetry_task
+from ..figures import plt
 from ..measurements.bottleneck import middle_layers, representation_spectra
-from ..runtime import float64_copy
 from ..models import MLP
-from ..runs.claims import claim
-from ..runs.figures import plt
+from ..runtime import float64_copy
 from ..training import Phase, TrainConfig
 from .base import Analysis, Experiment, TrainingUnit
 
@@ -58,14 +59,25 @@ class Config(ExperimentConfig):
 
 PRESETS = {
     "quick": {},
-    "paper": {"d": 50, "T": 20, "n_train": 4000, "n_test": 1000, "width": 128, "depths": [8, 12, 16],
-              "lams": [1e-3, 3e-3], "steps": 20000, "log_every": 1000, "checkpoint_every": 5000},
+    "paper": {
+        "d": 50,
+        "T": 20,
+        "n_train": 4000,
+        "n_test": 1000,
+        "width": 128,
+        "depths": [8, 12, 16],
+        "lams": [1e-3, 3e-3],
+        "steps": 20000,
+        "log_every": 1000,
+        "checkpoint_every": 5000,
+    },
 }
 
 
 def make_data(cfg: Config):
-    return symmetry_task(cfg.d, cfg.T, cfg.eta, cfg.eps, cfg.n_train, cfg.n_test, task_seed=cfg.seed,
-                         data_seed=cfg.seed + 1)
+    return symmetry_task(
+        cfg.d, cfg.T, cfg.eta, cfg.eps, cfg.n_train, cfg.n_test, task_seed=cfg.seed, data_seed=cfg.seed + 1
+    )
 
 
 def units(cfg: Config) -> list[dict]:
@@ -75,10 +87,14 @@ def units(cfg: Config) -> list[dict]:
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg)
     model = MLP(cfg.d, cfg.T, cfg.width, unit["depth"], bias=1.0, seed=cfg.seed + 2)
-    config = TrainConfig(objective="mse", lam=unit["lam"], log_every=cfg.log_every,
-                         checkpoint_every=cfg.checkpoint_every, top_singular_values=3,
-                         phases=[Phase(optimizer="adam", steps=cfg.steps, lr=cfg.lr, schedule="cosine",
-                                       lr_min=cfg.lr_min)])
+    config = TrainConfig(
+        objective="mse",
+        lam=unit["lam"],
+        log_every=cfg.log_every,
+        checkpoint_every=cfg.checkpoint_every,
+        top_singular_values=3,
+        phases=[Phase(optimizer="adam", steps=cfg.steps, lr=cfg.lr, schedule="cosine", lr_min=cfg.lr_min)],
+    )
     return TrainingUnit(model, data, config)
 
 
@@ -104,8 +120,10 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
     with torch.no_grad():
         X, Y = data.X_test, data.Y_test
         rel_test = float(((m64(X) - Y) ** 2).sum(1).mean() / ((Y - Y.mean(0)) ** 2).sum(1).mean())
-        rel_train = float(((m64(data.X_train) - data.Y_train) ** 2).sum(1).mean()
-                          / ((data.Y_train - data.Y_train.mean(0)) ** 2).sum(1).mean())
+        rel_train = float(
+            ((m64(data.X_train) - data.Y_train) ** 2).sum(1).mean()
+            / ((data.Y_train - data.Y_train.mean(0)) ** 2).sum(1).mean()
+        )
     spectra = representation_spectra(m64, X)
     hidden = [l for l in middle_layers(m64.depth) if l < m64.depth]
     ratio3 = {l: float(spectra[l - 1][2] / spectra[l - 1][0]) for l in hidden}
@@ -123,8 +141,12 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
     Xn = X.numpy()
     m = Xn @ u
     r = np.linalg.norm(Xn - np.outer(m, u), axis=1)
-    r2 = {"|m|": cubic_r2(Z, np.abs(m)), "r": cubic_r2(Z, r), "reverse": cubic_r2(np.column_stack([np.abs(m), r]), Z),
-          "signed m": cubic_r2(Z, m)}
+    r2 = {
+        "|m|": cubic_r2(Z, np.abs(m)),
+        "r": cubic_r2(Z, r),
+        "reverse": cubic_r2(np.column_stack([np.abs(m), r]), Z),
+        "signed m": cubic_r2(Z, m),
+    }
 
     rng = np.random.default_rng(cfg.seed + 7)
     maps = [_fixing_u(rng, u) for _ in range(cfg.n_symmetries)] + [np.eye(cfg.d) - 2 * np.outer(u, u)]
@@ -139,39 +161,83 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
     paths = np.stack([to_z(pre(traj[:, t])) for t in range(cfg.path_steps + 1)], 1)  # n_paths x (t+1) x 2
     r2_flow = cubic_r2(paths[:, :-1].reshape(-1, 2), paths[:, 1:].reshape(-1, 2))
     s = spectra[l_star - 1]
-    return {"depth": unit["depth"], "lam": unit["lam"], "rel_test_mse": rel_test, "rel_train_mse": rel_train,
-            "l_star": l_star, "s_ratios": [float(s[1] / s[0]), float(s[2] / s[0])], "bottleneck_sv": s[:4].tolist(),
-            "r2": r2, "symmetry_change": sym, "control_change": control, "flow_r2": r2_flow,
-            "Z": Z.tolist(), "abs_m": np.abs(m).tolist(), "r": r.tolist(), "paths": paths.tolist(),
-            "spectra": [(sp[:12] / sp[0]).tolist() for sp in spectra], "sq_norm": float(m64.sq_norm()),
-            "train_seconds": result.seconds}
+    return {
+        "depth": unit["depth"],
+        "lam": unit["lam"],
+        "rel_test_mse": rel_test,
+        "rel_train_mse": rel_train,
+        "l_star": l_star,
+        "s_ratios": [float(s[1] / s[0]), float(s[2] / s[0])],
+        "bottleneck_sv": s[:4].tolist(),
+        "r2": r2,
+        "symmetry_change": sym,
+        "control_change": control,
+        "flow_r2": r2_flow,
+        "Z": Z.tolist(),
+        "abs_m": np.abs(m).tolist(),
+        "r": r.tolist(),
+        "paths": paths.tolist(),
+        "spectra": [(sp[:12] / sp[0]).tolist() for sp in spectra],
+        "sq_norm": float(m64.sq_norm()),
+        "train_seconds": result.seconds,
+    }
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
-    ref = "THEORY.md Part 2 §4b; Jacot 2023 Sec. 5, Fig. 2"
+    ref = "docs/theory/bottleneck-rank.md §4b; Jacot 2023 Sec. 5, Fig. 2"
     claims, rows, figures = [], [], {}
     for uid, res in sorted(results.items()):
         s2, s3 = res["s_ratios"]
         r2 = res["r2"]
         tag = f"[{uid}, ℓ*={res['l_star']}]"
         claims += [
-            claim(f"{tag} check 1: a 2-D bottleneck, s₃/s₁ < 0.05 and s₂/s₁ > 0.05 (centred α̃_ℓ* on test inputs)",
-                  ref, "s₂/s₁ > 0.05, s₃/s₁ < 0.05", {"s2/s1": s2, "s3/s1": s3}, s3 < 0.05 and s2 > 0.05),
-            claim(f"{tag} check 2: cubic R² of Z→|m| >= 0.95, Z→r >= 0.9, (|m|,r)→Z >= 0.95", ref,
-                  "0.95, 0.9, 0.95", {k: r2[k] for k in ("|m|", "r", "reverse")},
-                  r2["|m|"] >= 0.95 and r2["r"] >= 0.9 and r2["reverse"] >= 0.95),
-            claim(f"{tag} check 2: the sign of m is forgotten, cubic R² of Z→signed m < 0.1", ref, "< 0.1",
-                  r2["signed m"], r2["signed m"] < 0.1),
-            claim(f"{tag} check 3: relative squared change ‖Δα̃_ℓ*‖²/‖α̃_ℓ* − mean‖² under maps fixing ±u < 0.05, "
-                  "random orthogonal > 0.5", ref, "max < 0.05; control > 0.5", {"max symmetric": max(res["symmetry_change"]),
-                                                     "control": res["control_change"]},
-                  max(res["symmetry_change"]) < 0.05 and res["control_change"] > 0.5)]
-        rows.append({"unit": uid, "depth": res["depth"], "lam": res["lam"], "rel_train_mse": res["rel_train_mse"],
-                     "rel_test_mse": res["rel_test_mse"], "l_star": res["l_star"], "s2/s1": s2, "s3/s1": s3,
-                     **{f"R2 {k}": v for k, v in r2.items()}, "max_symmetric_change": max(res["symmetry_change"]),
-                     "control_change": res["control_change"],
-                     "flow_R2 (check 4, uncalibrated)": res["flow_r2"],
-                     "sq_norm": res["sq_norm"]})
+            claim(
+                f"{tag} check 1: a 2-D bottleneck, s₃/s₁ < 0.05 and s₂/s₁ > 0.05 (centred α̃_ℓ* on test inputs)",
+                ref,
+                "s₂/s₁ > 0.05, s₃/s₁ < 0.05",
+                {"s2/s1": s2, "s3/s1": s3},
+                s3 < 0.05 and s2 > 0.05,
+            ),
+            claim(
+                f"{tag} check 2: cubic R² of Z→|m| >= 0.95, Z→r >= 0.9, (|m|,r)→Z >= 0.95",
+                ref,
+                "0.95, 0.9, 0.95",
+                {k: r2[k] for k in ("|m|", "r", "reverse")},
+                r2["|m|"] >= 0.95 and r2["r"] >= 0.9 and r2["reverse"] >= 0.95,
+            ),
+            claim(
+                f"{tag} check 2: the sign of m is forgotten, cubic R² of Z→signed m < 0.1",
+                ref,
+                "< 0.1",
+                r2["signed m"],
+                r2["signed m"] < 0.1,
+            ),
+            claim(
+                f"{tag} check 3: relative squared change ‖Δα̃_ℓ*‖²/‖α̃_ℓ* − mean‖² under maps fixing ±u < 0.05, "
+                "random orthogonal > 0.5",
+                ref,
+                "max < 0.05; control > 0.5",
+                {"max symmetric": max(res["symmetry_change"]), "control": res["control_change"]},
+                max(res["symmetry_change"]) < 0.05 and res["control_change"] > 0.5,
+            ),
+        ]
+        rows.append(
+            {
+                "unit": uid,
+                "depth": res["depth"],
+                "lam": res["lam"],
+                "rel_train_mse": res["rel_train_mse"],
+                "rel_test_mse": res["rel_test_mse"],
+                "l_star": res["l_star"],
+                "s2/s1": s2,
+                "s3/s1": s3,
+                **{f"R2 {k}": v for k, v in r2.items()},
+                "max_symmetric_change": max(res["symmetry_change"]),
+                "control_change": res["control_change"],
+                "flow_R2 (check 4, uncalibrated)": res["flow_r2"],
+                "sq_norm": res["sq_norm"],
+            }
+        )
 
         Z, P = np.array(res["Z"]), np.array(res["paths"])
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -188,26 +254,40 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
 
         S = np.array([sp + [np.nan] * (12 - len(sp)) for sp in res["spectra"]])
         fig2, ax2 = plt.subplots(figsize=(6.5, 4))
-        im = ax2.imshow(np.log10(np.clip(S.T, 1e-8, None)), aspect="auto", origin="lower", cmap="magma",
-                        extent=(0.5, len(S) + 0.5, 0.5, S.shape[1] + 0.5))
+        im = ax2.imshow(
+            np.log10(np.clip(S.T, 1e-8, None)),
+            aspect="auto",
+            origin="lower",
+            cmap="magma",
+            extent=(0.5, len(S) + 0.5, 0.5, S.shape[1] + 0.5),
+        )
         fig2.colorbar(im, ax=ax2, label="log10 s_i / s_1")
         ax2.set_xlabel("layer ℓ")
         ax2.set_ylabel("index i")
         ax2.set_title(f"{uid}: singular values of centred α̃_ℓ(X_test)")
         figures[f"spectra_{uid}"] = fig2
     table = pd.DataFrame(rows)
-    notes = ["R² are in-sample on the test inputs (cubic polynomial regression, scikit-learn). Check 3's changes "
-             "are squared and centred, ‖α̃(XQᵀ) − α̃(X)‖²_F / ‖α̃(X) − mean‖²_F, like rel_test_mse: the share of "
-             "the representation's variance a map moves. A map Q fixing ±u sends test inputs to other inputs "
-             "with the same (|m|, r), so this share cannot be much below the generalization error "
-             "(rel_test_mse); it shrinks with N. "
-             "Check 4 (flow R²) is uncalibrated and not a claim."]
+    notes = [
+        "R² are in-sample on the test inputs (cubic polynomial regression, scikit-learn). Check 3's changes "
+        "are squared and centred, ‖α̃(XQᵀ) − α̃(X)‖²_F / ‖α̃(X) − mean‖²_F, like rel_test_mse: the share of "
+        "the representation's variance a map moves. A map Q fixing ±u sends test inputs to other inputs "
+        "with the same (|m|, r), so this share cannot be much below the generalization error "
+        "(rel_test_mse); it shrinks with N. "
+        "Check 4 (flow R²) is uncalibrated and not a claim."
+    ]
     return Analysis(claims, figures, {"checks": table}, table.to_dict("records"), notes)
 
 
 EXPERIMENT = Experiment(
     name="symmetry-learning",
     summary="An MLP trained on GD loss curves learns a 2-D bottleneck that encodes the curve's invariants (|m|, r) "
-            "and forgets the symmetries of the dynamics.",
-    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023), Sec. 5, Fig. 2; THEORY.md Part 2 §4b",
-    config=Config, presets=PRESETS, units=units, build=build, finish=finish, analyze=analyze)
+    "and forgets the symmetries of the dynamics.",
+    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2306.00394), Sec. 5, Fig. 2; "
+    "docs/theory/bottleneck-rank.md §4b",
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    build=build,
+    finish=finish,
+    analyze=analyze,
+)

@@ -1,5 +1,5 @@
 """`width-plateau`: the minimal L2-regularized loss stops improving beyond a small width n*, and every
-trained network can be shrunk exactly (THEORY.md Part 3 §4-§6; Jacot et al. 2022, Fig. 2).
+trained network can be shrunk exactly (docs/theory/sparsity.md §4-§6; Jacot et al. 2022, Fig. 2).
 
 For each dataset and hidden width w (uniform over the L-1 hidden layers) several trials are trained
 (Adam, then full-batch GD); m(w) = min over trials of L_λ = C + λ‖θ‖² (float64, on the training set) and
@@ -13,6 +13,7 @@ long (Adam 4000 + GD 1000; ours, §8.5): with 2000 + 500 steps the wide nets wer
 m(32) ended 1.01 m(64) (a cosine Adam schedule did worse). paper: MNIST 60k,
 15 widths in [1, 200] x 3 trials, Adam 10k + GD 5k (for a GPU).
 """
+
 from __future__ import annotations
 
 import os
@@ -23,15 +24,17 @@ import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import Dataset, digits, mnist
+from ..figures import plt
 from ..measurements.representations import regularized_loss
-from ..measurements.sparsity import caratheodory_reduce, merge_aligned_neurons, mlp_with_weights
+from ..measurements.sparsity import caratheodory_reduce, merge_aligned_neurons
 from ..models import MLP
-from ..runs.claims import claim
-from ..runs.figures import plt
+from ..models.mlp import mlp_with_weights
 from ..training import Phase, TrainConfig
 from ..training.objectives import data_cost, error_rate
+from ..training.plateaus import plateau_start
 from .base import Analysis, Experiment, TrainingUnit
 
 TAUS = (0.01, 0.025, 0.05, 0.10)
@@ -58,10 +61,14 @@ class Sweep(BaseModel):
 class Config(ExperimentConfig):
     datasets: list[Literal["digits", "teacher", "mnist"]] = Field(["digits", "teacher"], min_length=1)
     digits: Sweep = Sweep(widths=[2, 4, 6, 8, 10, 12, 16, 24, 32, 64], trials=2, adam_steps=4000, gd_steps=1000)
-    teacher: Sweep = Sweep(widths=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64], trials=3, adam_steps=3000,
-                           gd_steps=1000)
-    mnist: Sweep = Sweep(widths=[1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 128, 200], trials=3,
-                         adam_steps=10000, adam_lr=1e-3, gd_steps=5000)
+    teacher: Sweep = Sweep(widths=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64], trials=3, adam_steps=3000, gd_steps=1000)
+    mnist: Sweep = Sweep(
+        widths=[1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 128, 200],
+        trials=3,
+        adam_steps=10000,
+        adam_lr=1e-3,
+        gd_steps=5000,
+    )
     digits_n_train: int = Field(1000, ge=10)
     teacher_d_in: int = Field(10, ge=1)
     teacher_width: int = Field(8, ge=1)
@@ -75,8 +82,10 @@ class Config(ExperimentConfig):
 
 PRESETS = {
     "quick": {},
-    "tiny": {"digits": {"widths": [4, 16], "trials": 1, "adam_steps": 200, "gd_steps": 50},
-             "teacher": {"widths": [1, 8], "trials": 1, "adam_steps": 200, "gd_steps": 50}},
+    "tiny": {
+        "digits": {"widths": [4, 16], "trials": 1, "adam_steps": 200, "gd_steps": 50},
+        "teacher": {"widths": [1, 8], "trials": 1, "adam_steps": 200, "gd_steps": 50},
+    },
     "paper": {"datasets": ["mnist"]},
 }
 OBJECTIVE = {"digits": "cross_entropy", "mnist": "cross_entropy", "teacher": "mse"}
@@ -85,8 +94,15 @@ OBJECTIVE = {"digits": "cross_entropy", "mnist": "cross_entropy", "teacher": "ms
 def teacher_data(cfg: Config) -> Dataset:
     """Gaussian inputs through a random He-initialized ReLU MLP (biases drawn N(0, 0.1)), outputs
     standardized with train+test statistics; rows are samples (Part 3 §6 teacher-quick)."""
-    teacher = MLP(cfg.teacher_d_in, cfg.teacher_d_out, cfg.teacher_width, cfg.teacher_depth, bias=1.0,
-                  dtype=torch.float64, seed=cfg.seed + 7)
+    teacher = MLP(
+        cfg.teacher_d_in,
+        cfg.teacher_d_out,
+        cfg.teacher_width,
+        cfg.teacher_depth,
+        bias=1.0,
+        dtype=torch.float64,
+        seed=cfg.seed + 7,
+    )
     gen = torch.Generator().manual_seed(cfg.seed + 8)
     with torch.no_grad():
         for W in teacher.weights:
@@ -95,8 +111,14 @@ def teacher_data(cfg: Config) -> Dataset:
         Y = teacher(X)
     Y = (Y - Y.mean(0)) / Y.std(0).clamp_min(1e-12)
     n = cfg.teacher_n_train
-    return Dataset(X[:n], Y[:n], X[n:], Y[n:], None, {"name": "gaussian_teacher", "width": cfg.teacher_width,
-                                                      "depth": cfg.teacher_depth, "seed": cfg.seed + 7})
+    return Dataset(
+        X[:n],
+        Y[:n],
+        X[n:],
+        Y[n:],
+        None,
+        {"name": "gaussian_teacher", "width": cfg.teacher_width, "depth": cfg.teacher_depth, "seed": cfg.seed + 7},
+    )
 
 
 def make_data(cfg: Config, dataset: str) -> Dataset:
@@ -108,12 +130,17 @@ def make_data(cfg: Config, dataset: str) -> Dataset:
 
 
 def units(cfg: Config) -> list[dict]:
-    return [{"id": f"{d}-w{w}-t{t}", "dataset": d, "width": w, "trial": t}
-            for d in cfg.datasets for w in getattr(cfg, d).widths for t in range(getattr(cfg, d).trials)]
+    return [
+        {"id": f"{d}-w{w}-t{t}", "dataset": d, "width": w, "trial": t}
+        for d in cfg.datasets
+        for w in getattr(cfg, d).widths
+        for t in range(getattr(cfg, d).trials)
+    ]
 
 
-def adam_then_gd(adam_steps: int, adam_lr: float, gd_steps: int, gd_lr: float, schedule: str = "constant",
-                 lr_min: float = 0.0) -> list[Phase]:
+def adam_then_gd(
+    adam_steps: int, adam_lr: float, gd_steps: int, gd_lr: float, schedule: str = "constant", lr_min: float = 0.0
+) -> list[Phase]:
     """The schedule of Part 3 §6: Adam (constant or cosine lr), then full-batch GD (either may have 0 steps)."""
     phases = []
     if adam_steps:
@@ -126,12 +153,29 @@ def adam_then_gd(adam_steps: int, adam_lr: float, gd_steps: int, gd_lr: float, s
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     sweep: Sweep = getattr(cfg, unit["dataset"])
     data = make_data(cfg, unit["dataset"])
-    model = MLP(data.d_in, data.d_out, unit["width"], sweep.depth, bias=sweep.bias, dtype=getattr(torch, cfg.dtype),
-                seed=cfg.seed + 1000 * unit["trial"] + unit["width"])
-    phases = adam_then_gd(sweep.adam_steps, sweep.adam_lr, sweep.gd_steps, sweep.gd_lr, sweep.adam_schedule,
-                          sweep.adam_lr_min)
-    return TrainingUnit(model, data, TrainConfig(objective=OBJECTIVE[unit["dataset"]], lam=sweep.lam, phases=phases,
-                                                 log_every=sweep.log_every, top_singular_values=0))
+    model = MLP(
+        data.d_in,
+        data.d_out,
+        unit["width"],
+        sweep.depth,
+        bias=sweep.bias,
+        dtype=getattr(torch, cfg.dtype),
+        seed=cfg.seed + 1000 * unit["trial"] + unit["width"],
+    )
+    phases = adam_then_gd(
+        sweep.adam_steps, sweep.adam_lr, sweep.gd_steps, sweep.gd_lr, sweep.adam_schedule, sweep.adam_lr_min
+    )
+    return TrainingUnit(
+        model,
+        data,
+        TrainConfig(
+            objective=OBJECTIVE[unit["dataset"]],
+            lam=sweep.lam,
+            phases=phases,
+            log_every=sweep.log_every,
+            top_singular_values=0,
+        ),
+    )
 
 
 def shrink(model, data: Dataset, objective: str, lam: float) -> dict:
@@ -145,16 +189,31 @@ def shrink(model, data: Dataset, objective: str, lam: float) -> dict:
     merged, _ = merge_aligned_neurons(net, X)
     with torch.no_grad():
         out, out_r = net(X), reduced(X)
-        test_error = (float(error_rate(objective, net(data.X_test.double()), data.Y_test if data.n_classes
-                                       else data.Y_test.double())) if len(data.X_test) else float("nan"))
+        test_error = (
+            float(
+                error_rate(
+                    objective, net(data.X_test.double()), data.Y_test if data.n_classes else data.Y_test.double()
+                )
+            )
+            if len(data.X_test)
+            else float("nan")
+        )
         train_error = float(error_rate(objective, out, Y))
-    return {"loss": loss, "cost": loss - lam * float(net.sq_norm().detach()), "sq_norm": float(net.sq_norm().detach()),
-            "grad_norm": grad_norm, "train_error": train_error, "test_error": test_error,
-            "alive": (report["width_before"] - report["dead"]).tolist(),
-            "merged_width": merged.dims[1:-1], "reduced_width": reduced.dims[1:-1],
-            "reduced_rank": report["rank"].tolist(), "gram_error": float(report["gram_error"].max()),
-            "reduced_output_error": float((out_r - out).abs().max() / out.abs().max()),
-            "reduced_loss": regularized_loss(reduced, X, Y, lam, objective)}
+    return {
+        "loss": loss,
+        "cost": loss - lam * float(net.sq_norm().detach()),
+        "sq_norm": float(net.sq_norm().detach()),
+        "grad_norm": grad_norm,
+        "train_error": train_error,
+        "test_error": test_error,
+        "alive": (report["width_before"] - report["dead"]).tolist(),
+        "merged_width": merged.dims[1:-1],
+        "reduced_width": reduced.dims[1:-1],
+        "reduced_rank": report["rank"].tolist(),
+        "gram_error": float(report["gram_error"].max()),
+        "reduced_output_error": float((out_r - out).abs().max() / out.abs().max()),
+        "reduced_loss": regularized_loss(reduced, X, Y, lam, objective),
+    }
 
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
@@ -163,23 +222,34 @@ def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
     return {**unit, **shrink(model, data, OBJECTIVE[unit["dataset"]], sweep.lam), "train_seconds": result.seconds}
 
 
-def plateau_start(widths: list[int], m: list[float], tau: float) -> int:
-    """n*(τ) = min{w : m(w) <= (1+τ)·min m} (Part 3 §5d)."""
-    best = min(m)
-    return min(w for w, v in zip(widths, m) if v <= (1 + tau) * best)
-
-
 def per_width(rows: pd.DataFrame) -> pd.DataFrame:
     """m(w) = min over trials, with the chosen (argmin) run's numbers."""
     chosen = rows.loc[rows.groupby("width")["loss"].idxmin()].sort_values("width")
-    return chosen[["width", "loss", "cost", "sq_norm", "train_error", "test_error", "grad_norm", "trial",
-                   "reduced_width", "merged_width", "alive"]].rename(columns={"loss": "m"}).reset_index(drop=True)
+    return (
+        chosen[
+            [
+                "width",
+                "loss",
+                "cost",
+                "sq_norm",
+                "train_error",
+                "test_error",
+                "grad_norm",
+                "trial",
+                "reduced_width",
+                "merged_width",
+                "alive",
+            ]
+        ]
+        .rename(columns={"loss": "m"})
+        .reset_index(drop=True)
+    )
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     rows = pd.DataFrame(results.values())
     claims, figures, tables, summary, notes = [], {}, {"runs": rows}, {}, []
-    ref = "THEORY.md Part 3 §6; Jacot et al. 2022 Fig. 2"
+    ref = "docs/theory/sparsity.md §6; Jacot et al. 2022 Fig. 2"
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for d in cfg.datasets:
         sub = rows[rows["dataset"] == d]
@@ -192,51 +262,107 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         m_inf = min(m)
         nstar = {f"{tau:g}": plateau_start(widths, m, tau) for tau in TAUS}
         drops = [widths[i + 1] for i in range(len(m) - 1) if m[i + 1] > m[i] * 1.01]
-        summary[d] = {"m": dict(zip(map(str, widths), m)), "m_inf": m_inf, "n_star": nstar,
-                      "non_monotone_widths": drops,
-                      "reduced_width_max": [int(x) for x in np.max(np.stack(sub["reduced_width"].tolist()), axis=0)]}
+        summary[d] = {
+            "m": dict(zip(map(str, widths), m)),
+            "m_inf": m_inf,
+            "n_star": nstar,
+            "non_monotone_widths": drops,
+            "reduced_width_max": [int(x) for x in np.max(np.stack(sub["reduced_width"].tolist()), axis=0)],
+        }
         if drops:
             notes.append(f"{d}: m(w) rises by > 1% at widths {drops} (optimization failures, Part 3 §5d)")
         m_at = dict(zip(widths, m))
         if d == "digits":
             if 4 in m_at:
-                claims.append(claim("digits: a width-4 net is clearly worse than the plateau, m(4) >= 1.4 m_inf",
-                                    ref, ">= 1.4", m_at[4] / m_inf, m_at[4] >= 1.4 * m_inf))
-            claims.append(claim("digits: the plateau starts near 10, n*(5%) in [8, 16]", ref, "[8, 16]",
-                                nstar["0.05"], 8 <= nstar["0.05"] <= 16))
+                claims.append(
+                    claim(
+                        "digits: a width-4 net is clearly worse than the plateau, m(4) >= 1.4 m_inf",
+                        ref,
+                        ">= 1.4",
+                        m_at[4] / m_inf,
+                        m_at[4] >= 1.4 * m_inf,
+                    )
+                )
+            claims.append(
+                claim(
+                    "digits: the plateau starts near 10, n*(5%) in [8, 16]",
+                    ref,
+                    "[8, 16]",
+                    nstar["0.05"],
+                    8 <= nstar["0.05"] <= 16,
+                )
+            )
             claims.append(claim("digits: n*(1%) <= 48", ref, "<= 48", nstar["0.01"], nstar["0.01"] <= 48))
             big = table[table["width"] >= 16]
             if len(big):
                 worst = float(big["test_error"].max())
-                claims.append(claim("digits: test error <= 5% for every width >= 16 (chosen run)", ref, "<= 0.05",
-                                    worst, worst <= 0.05))
+                claims.append(
+                    claim(
+                        "digits: test error <= 5% for every width >= 16 (chosen run)",
+                        ref,
+                        "<= 0.05",
+                        worst,
+                        worst <= 0.05,
+                    )
+                )
         elif d == "teacher":
             if 1 in m_at:
-                claims.append(claim("teacher: width 1 is far from the plateau, m(1) >= 5 m_inf", ref, ">= 5",
-                                    m_at[1] / m_inf, m_at[1] >= 5 * m_inf))
+                claims.append(
+                    claim(
+                        "teacher: width 1 is far from the plateau, m(1) >= 5 m_inf",
+                        ref,
+                        ">= 5",
+                        m_at[1] / m_inf,
+                        m_at[1] >= 5 * m_inf,
+                    )
+                )
             claims.append(claim("teacher: n*(10%) in [6, 32]", ref, "[6, 32]", nstar["0.1"], 6 <= nstar["0.1"] <= 32))
         else:
             claims.append(claim("MNIST: n*(5%) in [8, 20]", ref, "[8, 20]", nstar["0.05"], 8 <= nstar["0.05"] <= 20))
         worst_out = float(sub["reduced_output_error"].max())
-        claims.append(claim(f"{d}: Carathéodory reduction keeps every trained network's training outputs "
-                            f"({len(sub)} networks)", "THEORY.md Part 3 §5b", "max|Δf|/max|f| <= 1e-8", worst_out,
-                            worst_out <= 1e-8, "1e-8 relative, float64"))
+        claims.append(
+            claim(
+                f"{d}: Carathéodory reduction keeps every trained network's training outputs ({len(sub)} networks)",
+                "docs/theory/sparsity.md §5b",
+                "max|Δf|/max|f| <= 1e-8",
+                worst_out,
+                worst_out <= 1e-8,
+                "1e-8 relative, float64",
+            )
+        )
         rise = float(((sub["reduced_loss"] - sub["loss"]) / sub["loss"]).max())
-        claims.append(claim(f"{d}: Carathéodory reduction never increases the regularized loss ({len(sub)} networks)",
-                            "THEORY.md Part 3 §5b step 6", "(L' - L)/L <= 1e-12", rise, rise <= 1e-12,
-                            "1e-12 relative (rounding)"))
+        claims.append(
+            claim(
+                f"{d}: Carathéodory reduction never increases the regularized loss ({len(sub)} networks)",
+                "docs/theory/sparsity.md §5b step 6",
+                "(L' - L)/L <= 1e-12",
+                rise,
+                rise <= 1e-12,
+                "1e-12 relative (rounding)",
+            )
+        )
         axes[0].plot(widths, np.array(m) / m_inf, marker="o", label=d)
         axes[0].axvline(nstar["0.05"], ls=":", color=axes[0].lines[-1].get_color())
         axes[1].plot(widths, table["test_error"], marker="o", label=d)
         for l in range(len(table["reduced_width"].iloc[0])):
             axes[2].plot(widths, [r[l] for r in table["reduced_width"]], marker="o", label=f"{d}, layer {l + 1}")
-    axes[0].set(xscale="log", yscale="log", xlabel="hidden width w", ylabel="m(w) / min m",
-                title="min over trials of C + λ‖θ‖² (dotted: n*(5%))")
+    axes[0].set(
+        xscale="log",
+        yscale="log",
+        xlabel="hidden width w",
+        ylabel="m(w) / min m",
+        title="min over trials of C + λ‖θ‖² (dotted: n*(5%))",
+    )
     axes[1].set(xscale="log", xlabel="hidden width w", ylabel="test error (chosen run)", title="test error")
     top = max(rows["width"])
     axes[2].plot([1, top], [1, top], color="0.7", lw=1, label="no reduction")
-    axes[2].set(xscale="log", yscale="log", xlabel="hidden width w", ylabel="width after Carathéodory",
-                title="width each trained net really needs")
+    axes[2].set(
+        xscale="log",
+        yscale="log",
+        xlabel="hidden width w",
+        ylabel="width after Carathéodory",
+        title="width each trained net really needs",
+    )
     for ax in axes:
         ax.legend(fontsize=8)
     figures["width_plateau"] = fig
@@ -246,7 +372,13 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
 EXPERIMENT = Experiment(
     name="width-plateau",
     summary="The minimal L2-regularized loss is flat beyond a small width n* (sparsity), and Carathéodory "
-            "reduction shrinks every trained network exactly.",
+    "reduction shrinks every trained network exactly.",
     reference="Jacot, Golikov, Hongler, Gabriel, Feature Learning in L2-regularized DNNs (NeurIPS 2022), Fig. 2; "
-              "THEORY.md Part 3 §4-§6",
-    config=Config, presets=PRESETS, units=units, build=build, finish=finish, analyze=analyze)
+    "docs/theory/sparsity.md §4-§6",
+    config=Config,
+    presets=PRESETS,
+    units=units,
+    build=build,
+    finish=finish,
+    analyze=analyze,
+)

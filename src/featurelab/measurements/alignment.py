@@ -1,4 +1,4 @@
-"""Low-rank alignment of the last layers and the bounds of Theorem 2 (THEORY.md Part 5 §4; Le & Jegelka,
+"""Low-rank alignment of the last layers and the bounds of Theorem 2 (docs/theory/invariances.md §4; Le & Jegelka,
 ICLR 2022, Theorem 2, eqs. (13)-(15)).
 
 For each parameter stage k of a `HomogeneousNet` (or bias-free `MLP`) with output-side matrix B_k
@@ -18,6 +18,7 @@ with switch costs r_j = 1 (FC), min(c, S) (FC after a conv), min(c_in, k_h k_w) 
 c_j = ½‖V_2ᵀV_2 - V_1V_1ᵀ‖_op). The paper-style bound uses r = 1 (FC, also after a conv), k_h k_w (conv)
 and 8 (ResNetFree) instead [L]. For an all-FC tail this is ratio_k >= 1 - D_k/‖W_k‖²_F (step 6).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -134,6 +135,9 @@ def theorem2_bounds(constants: list[TailConstants], model) -> dict[int, tuple[fl
         for tc in constants:
             B = mats[tc.stage].detach().double()
             F2 = float((B**2).sum())
-            out[tc.stage] = (_op(B) ** 2 / F2, tc.rho - (tc.E + tc.rho * tc.f) / F2,
-                             tc.rho_paper - (tc.E_paper + tc.rho_paper * tc.f) / F2)
+            out[tc.stage] = (
+                _op(B) ** 2 / F2,
+                tc.rho - (tc.E + tc.rho * tc.f) / F2,
+                tc.rho_paper - (tc.E_paper + tc.rho_paper * tc.f) / F2,
+            )
     return out

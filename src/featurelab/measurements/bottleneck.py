@@ -1,10 +1,11 @@
 """Bottleneck structure of a trained deep network: the Theorem 3, 6 and 7 checks, neuron
 balancedness and function-preserving rebalancing, and the bottleneck-rank classification
-(THEORY.md Part 2 §2.3-§2.4, §3.6-§3.10, §4a).
+(docs/theory/bottleneck-rank.md §2.3-§2.4, §3.6-§3.10, §4a).
 
 Networks are featurelab `MLP`s (leaky-ReLU family, optional biases; L = number of weight matrices).
 Inputs are ``N x d_in`` (rows are samples) or one 1-D sample. Everything is float64.
 """
+
 from __future__ import annotations
 
 import copy
@@ -60,7 +61,7 @@ class Theorem3Check(NamedTuple):
 
 def theorem3_check(model, X, R1_hat: float, k: int, tol: float = 1e-3) -> Theorem3Check:
     """Theorem 3: if Rank Jf(x) = R⁽⁰⁾ = k then R⁽¹⁾ >= 2 log|Jf(x)|_+; plus the exact bound
-    ‖θ‖² >= Σ_ℓ‖W_ℓ‖² >= L Σ_i s_i(Jf(x))^{2/L} (THEORY.md Part 2 §2.3, §3.6).
+    ‖θ‖² >= Σ_ℓ‖W_ℓ‖² >= L Σ_i s_i(Jf(x))^{2/L} (docs/theory/bottleneck-rank.md §2.3, §3.6).
 
     model: `MLP`; X: ``N x d_in`` (rows are samples); R1_hat: an estimate of R⁽¹⁾ (e.g. the depth fit's
     intercept); k: the rank class. Samples whose numerical Jacobian rank (relative `tol`) is k enter the max.
@@ -84,7 +85,7 @@ def theorem3_check(model, X, R1_hat: float, k: int, tol: float = 1e-3) -> Theore
 # ----------------------------------------------------------------------------------- Theorem 6
 def layer_proxy(W, k: int) -> float:
     """e_ℓ(k) = Σ_{i<=k}(s_i(W)−1)² + Σ_{i>k} s_i(W)²: squared distance from W (any 2-D matrix) to the
-    nearest rank-k partial isometry V_ℓV_{ℓ-1}ᵀ (THEORY.md Part 2 §2.4, our proved per-layer proxy)."""
+    nearest rank-k partial isometry V_ℓV_{ℓ-1}ᵀ (docs/theory/bottleneck-rank.md §2.4, our proved per-layer proxy)."""
     s = singular_values(W)
     int_at_least("k", k, 0)
     return float(((s[:k] - 1) ** 2).sum() + (s[k:] ** 2).sum())
@@ -111,7 +112,7 @@ class Theorem6Check(NamedTuple):
 
 
 def theorem6_check(model, x, k: int | None = None, p: float = 0.25, tol: float = 1e-3) -> Theorem6Check:
-    """Σ_ℓ e_ℓ(k) + Σ_ℓ‖b_ℓ‖² <= ‖θ‖² − kL − 2log|Jf_θ(x)|_+ for k = Rank Jf(x) (THEORY.md Part 2
+    """Σ_ℓ e_ℓ(k) + Σ_ℓ‖b_ℓ‖² <= ‖θ‖² − kL − 2log|Jf_θ(x)|_+ for k = Rank Jf(x) (docs/theory/bottleneck-rank.md
     §2.4, §3.7; Horn's product inequality and s² − 1 − 2 log s >= (s−1)²).
 
     model: `MLP` with |a| <= 1; x: one sample (1-D, length d_in); k: default the numerical Jacobian
@@ -132,8 +133,16 @@ def theorem6_check(model, x, k: int | None = None, p: float = 0.25, tol: float =
     S = _sq_norm(model) - k * L - 2 * log_pdet(J, rank=k)
     within = float(np.mean([ei <= S / (p * L) for ei in e]))
     svals = [singular_values(W) for W in Ws]
-    return Theorem6Check(k, e, bias_sq, S, S - sum(e) - bias_sq, within, [s[:k].tolist() for s in svals],
-                         [float(s[k]) if s.numel() > k else 0.0 for s in svals])
+    return Theorem6Check(
+        k,
+        e,
+        bias_sq,
+        S,
+        S - sum(e) - bias_sq,
+        within,
+        [s[:k].tolist() for s in svals],
+        [float(s[k]) if s.numel() > k else 0.0 for s in svals],
+    )
 
 
 # ------------------------------------------------------------------------------ balancedness
@@ -146,15 +155,17 @@ def _in_out(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def balancedness_residual(model) -> list[torch.Tensor]:
     """|in − out| / (in + out) per hidden neuron, in = ‖W_ℓ[i,:]‖² + b_ℓ[i]², out = ‖W_{ℓ+1}[:,i]‖²
-    (THEORY.md Part 2 §2.4, §3.9); zero at every critical point of C + λ‖θ‖². Dead neurons
+    (docs/theory/bottleneck-rank.md §2.4, §3.9); zero at every critical point of C + λ‖θ‖². Dead neurons
     (in + out = 0) count as balanced. Returns one float64 tensor per hidden layer (length n_ℓ)."""
     _check_mlp(model, homogeneous=True)
-    return [torch.where(i + o > 0, (i - o).abs() / (i + o).clamp_min(1e-300), torch.zeros_like(i))
-            for i, o in _in_out(model)]
+    return [
+        torch.where(i + o > 0, (i - o).abs() / (i + o).clamp_min(1e-300), torch.zeros_like(i))
+        for i, o in _in_out(model)
+    ]
 
 
 def rebalance(model, tol: float = 1e-12, max_sweeps: int = 100000):
-    """A copy of `model` with every hidden neuron balanced (THEORY.md Part 2 §3.9): repeatedly scale
+    """A copy of `model` with every hidden neuron balanced (docs/theory/bottleneck-rank.md §3.9): repeatedly scale
     neuron i's incoming row (bias included) by c = (out/in)^{1/4} and its outgoing column by 1/c,
     sweeping the layers until max residual <= tol. By positive homogeneity of σ_a the function is
     unchanged; each step replaces in + out by 2√(in·out), so ‖θ‖² never increases. A neuron with
@@ -182,7 +193,9 @@ def rebalance(model, tol: float = 1e-12, max_sweeps: int = 100000):
         if worst <= tol:
             break
     else:
-        raise FeaturelabError(f"rebalance did not reach tol={tol:g} in max_sweeps={max_sweeps} sweeps (residual {worst:.3g})")
+        raise FeaturelabError(
+            f"rebalance did not reach tol={tol:g} in max_sweeps={max_sweeps} sweeps (residual {worst:.3g})"
+        )
     with torch.no_grad():
         for P, W in zip(out_model.weights, Ws):
             P.copy_(W.to(P.dtype))
@@ -208,7 +221,7 @@ class Theorem7Check(NamedTuple):
 
 
 def theorem7_check(model, x, k: int | None = None, tol: float = 1e-3) -> Theorem7Check:
-    """Theorem 7's explicit inequality (THEORY.md Part 2 §2.4):
+    """Theorem 7's explicit inequality (docs/theory/bottleneck-rank.md §2.4):
     (1/L)Σ_ℓ(‖α_{ℓ-1}(x)‖² + β²) <= (TrΘ(x,x)/(kL))·exp((max(c₁,0) − 2log|Jf(x)|_+)/k), c₁ = ‖θ‖² − kL,
     for balanced θ (use `rebalance` first on Adam-trained nets) and k = Rank Jf(x) (default: numerical,
     relative `tol`). model: leaky-ReLU `MLP`; x: one sample (1-D)."""
@@ -245,8 +258,8 @@ class BottleneckRank(NamedTuple):
 
 
 def bottleneck_rank(model, threshold: float = 0.1) -> BottleneckRank:
-    """Bottleneck-rank estimate of a trained `MLP` from its middle-layer weight spectra (THEORY.md
-    Part 2 §4a): k_mid = median (lower) over ℓ in [L/4, 3L/4] of #{s_i(W_ℓ) > threshold}, absolute
+    """Bottleneck-rank estimate of a trained `MLP` from its middle-layer weight spectra (docs/theory/bottleneck-rank.md
+    §4a): k_mid = median (lower) over ℓ in [L/4, 3L/4] of #{s_i(W_ℓ) > threshold}, absolute
     threshold (0.1 is the paper's believed value). Do not use the Jacobian rank for this: small
     leftover singular directions hide in it."""
     _check_mlp(model)
@@ -258,7 +271,7 @@ def bottleneck_rank(model, threshold: float = 0.1) -> BottleneckRank:
 
 
 def representation_spectra(model, X, centred: bool = True) -> list[torch.Tensor]:
-    """Singular values of α̃_ℓ(X)/√N for ℓ = 1..L (THEORY.md Part 2 §3.10), centred over samples by
+    """Singular values of α̃_ℓ(X)/√N for ℓ = 1..L (docs/theory/bottleneck-rank.md §3.10), centred over samples by
     default. X: ``N x d_in`` (rows are samples); float64."""
     _check_mlp(model)
     pre = float64_copy(model)(as_matrix("X", X), return_layers=True).pre

@@ -1,7 +1,7 @@
-"""The cost of identity and the kernel norms it is made of (THEORY.md Part 1 §0, §3.4, §3.7;
+"""The cost of identity and the kernel norms it is made of (docs/theory/leaky-resnets.md §0, §3.4, §3.7;
 Jacot & Kaiser, arXiv 2405.17573 §2.2-2.3, Prop. 1-2).
 
-Rows are samples: a representation ``A`` is ``N x w`` (THEORY.md's ``Aᵀ``), ``σ(A) = [ReLU(A), 1]`` is
+Rows are samples: a representation ``A`` is ``N x w`` (the papers' ``Aᵀ``), ``σ(A) = [ReLU(A), 1]`` is
 ``N x (w+1)`` (``σ̄(A) = ReLU(A)`` without the bias column), and the kernel is ``K = σ(A) σ(A)ᵀ`` (N x N).
 For ``M, M'`` of shape ``N x w`` the kernel inner product of Part 1 §0 reads
 ``⟨M, M'⟩_(K+γI) = Tr[Mᵀ (K+γI)⁻¹ M']``.
@@ -15,6 +15,7 @@ Everything is float64 and nothing forms an inverse; every path "whitens", return
 - γ = 0: the pseudo-inverse norm through the minimum-norm least-squares solution ``Z = σ(A)⁺M`` (``lstsq``,
   driver gelsd, explicit rcond), for which ``Tr[Mᵀ K⁺ M'] = Σ Z ⊙ Z'``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,11 +81,12 @@ class KernelMetric:
         return (self.op_norm + self.gamma + self.jitter) / low if low > 0 else float("inf")
 
 
-def kernel_metric(A, bias: bool = True, gamma: float = 0.0, gamma_mode: str = "relative",
-                  method: str = "auto") -> KernelMetric:
+def kernel_metric(
+    A, bias: bool = True, gamma: float = 0.0, gamma_mode: str = "relative", method: str = "auto"
+) -> KernelMetric:
     """The kernel inner product of representation A (``N x w``, rows are samples); Part 1 §3.4, §3.7.
 
-    gamma_mode "relative": γ = gamma·‖K‖_op (THEORY.md Part 1 §6.3); "absolute": γ = gamma.
+    gamma_mode "relative": γ = gamma·‖K‖_op (docs/theory/leaky-resnets.md §6.3); "absolute": γ = gamma.
     method (γ > 0): "cholesky" factorises ``K + γI`` (N x N; on failure adds jitter ``1e-12 Tr(K)/N`` and
     records it); "woodbury" works in the (w+1) feature dimensions; "auto" takes "woodbury" when N > w+1.
     γ = 0 uses the pseudo-inverse through least squares.
@@ -116,17 +118,23 @@ def kernel_metric(A, bias: bool = True, gamma: float = 0.0, gamma_mode: str = "r
     return KernelMetric(S, g, "cholesky", chol, jitter, eig)
 
 
-def cost_of_identity(A, bias: bool = True, gamma: float = 0.0, gamma_mode: str = "relative",
-                     projected: bool = False, method: str = "auto") -> float:
-    """The cost of identity of representation A (``N x w``, rows are samples); THEORY.md Part 1 §3.4.
+def cost_of_identity(
+    A,
+    bias: bool = True,
+    gamma: float = 0.0,
+    gamma_mode: str = "relative",
+    projected: bool = False,
+    method: str = "auto",
+) -> float:
+    """The cost of identity of representation A (``N x w``, rows are samples); docs/theory/leaky-resnets.md §3.4.
 
-    gamma = 0: the exact ``COI(A) = ‖Aᵀ σ(A)ᵀ⁺‖² = Tr[Aᵀ K⁺ A]`` (paper §2.2; THEORY.md writes
+    gamma = 0: the exact ``COI(A) = ‖Aᵀ σ(A)ᵀ⁺‖² = Tr[Aᵀ K⁺ A]`` (paper §2.2; the paper writes
     ``‖A σ(A)⁺‖²`` in columns), ``COĪ`` with ``bias=False``; by the paper's convention ``inf`` when A is
     outside the image of σ(A) (``‖σ(A)Z − A‖ > 1e-8‖A‖`` for the min-norm solution Z), unless
     ``projected=True``, which returns the finite pseudo-inverse value ``‖Z‖²``. Unstable: use on synthetic
     matrices only.
     gamma > 0: the γ-stable ``COI_γ(A) = Tr[Aᵀ (K+γI)⁻¹ A]`` with γ = gamma·‖K‖_op ("relative", default,
-    THEORY.md Part 1 §6.3) or γ = gamma ("absolute"); method: see `kernel_metric`.
+    docs/theory/leaky-resnets.md §6.3) or γ = gamma ("absolute"); method: see `kernel_metric`.
     """
     metric = kernel_metric(A, bias, gamma, gamma_mode, method)
     A = as_matrix("A", A)

@@ -1,7 +1,7 @@
-"""Escape from the origin saddle of a bias-free deep ReLU MLP (THEORY.md Part 4; Bantzis, Simon, Jacot).
+"""Escape from the origin saddle of a bias-free deep ReLU MLP (docs/theory/saddle-to-saddle.md; Bantzis, Simon, Jacot).
 
-Rows are samples throughout: ``X`` is ``N x d_in`` and the output ``Y_θ`` is ``N x d_out``. THEORY.md
-writes ``G ∈ R^{d_out×N}`` (columns); here ``G`` is ``N x d_out``, the same shape as ``Y_θ``, so the
+Rows are samples throughout: ``X`` is ``N x d_in`` and the output ``Y_θ`` is ``N x d_out``.
+The paper writes ``G ∈ R^{d_out×N}`` (columns); here ``G`` is ``N x d_out``, the same shape as ``Y_θ``, so the
 localized loss ``L0(θ) = Tr[Gᵀ Y_θ] = Σ_ij G_ij (Y_θ)_ij`` is the same number in both conventions.
 
 `weights` is ``[W_1, ..., W_L]`` with ``W_ℓ`` of shape ``n_ℓ x n_{ℓ-1}`` (the usual ``out x in``), or a
@@ -13,6 +13,7 @@ Contents: localized loss and speed (§2, §3.1), the projected-GD and rank-one s
 per-layer ratios r_W, r_Z, lin (§3.2), the Thm 3.1 bound (§3.3), Props 3.4, 3.3, 3.2 (§3.4-3.6) and the
 corrected Prop 2.2 escape-time formulas (§2). Everything is computed in float64.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,31 +37,47 @@ def as_weights(weights, X: torch.Tensor | None = None, batched: bool = False) ->
     if isinstance(weights, torch.nn.Module):
         bias = getattr(weights, "bias", 0.0)
         if bias:
-            raise FeaturelabError(f"weights is an MLP with bias={bias!r}; the localized loss of THEORY.md Part 4 "
-                                  "needs a bias-free ReLU MLP (bias=0.0)")
-        if getattr(weights, "leak", 0.0) != 0.0 or getattr(weights, "activation", "leaky_relu") != "leaky_relu" \
-                or getattr(weights, "linear_tail", 0):
-            raise FeaturelabError("weights is an MLP that is not a plain ReLU net (leak=0, activation='leaky_relu', "
-                                  "linear_tail=0), as THEORY.md Part 4 needs")
+            raise FeaturelabError(
+                f"weights is an MLP with bias={bias!r}; the localized loss of docs/theory/saddle-to-saddle.md "
+                "needs a bias-free ReLU MLP (bias=0.0)"
+            )
+        if (
+            getattr(weights, "leak", 0.0) != 0.0
+            or getattr(weights, "activation", "leaky_relu") != "leaky_relu"
+            or getattr(weights, "linear_tail", 0)
+        ):
+            raise FeaturelabError(
+                "weights is an MLP that is not a plain ReLU net (leak=0, activation='leaky_relu', "
+                "linear_tail=0), as docs/theory/saddle-to-saddle.md needs"
+            )
         weights = weights.weight_matrices()
     if not isinstance(weights, (list, tuple)) or not weights:
-        raise FeaturelabError(f"weights must be a bias-free MLP or a list of weight matrices, got {type(weights).__name__}")
+        raise FeaturelabError(
+            f"weights must be a bias-free MLP or a list of weight matrices, got {type(weights).__name__}"
+        )
     Ws = [torch.as_tensor(W).to(torch.float64) for W in weights]
     if len(Ws) < 2:
-        raise FeaturelabError(f"weights has depth {len(Ws)}; THEORY.md Part 4 needs depth L >= 2")
+        raise FeaturelabError(f"weights has depth {len(Ws)}; docs/theory/saddle-to-saddle.md needs depth L >= 2")
     ndim = 3 if batched and Ws[0].ndim == 3 else 2
     for l, W in enumerate(Ws, start=1):
         if W.ndim != ndim or W.shape[:-2] != Ws[0].shape[:-2]:
-            raise FeaturelabError(f"weights[{l - 1}] has shape {tuple(W.shape)}; every W_l must be "
-                                  f"{'R x ' if ndim == 3 else ''}n_l x n_(l-1) with the same leading dimensions")
+            raise FeaturelabError(
+                f"weights[{l - 1}] has shape {tuple(W.shape)}; every W_l must be "
+                f"{'R x ' if ndim == 3 else ''}n_l x n_(l-1) with the same leading dimensions"
+            )
         if l > 1 and W.shape[-1] != Ws[l - 2].shape[-2]:
-            raise FeaturelabError(f"weights[{l - 1}] has shape {tuple(W.shape)} but W_{l - 1} has {Ws[l - 2].shape[-2]} "
-                                  f"rows; W_l must be n_l x n_(l-1)")
+            raise FeaturelabError(
+                f"weights[{l - 1}] has shape {tuple(W.shape)} but W_{l - 1} has {Ws[l - 2].shape[-2]} "
+                f"rows; W_l must be n_l x n_(l-1)"
+            )
         if not torch.isfinite(W).all():
             raise FeaturelabError(f"weights[{l - 1}] contains NaN or inf")
     if X is not None and Ws[0].shape[-1] != X.shape[1]:
-        hint = " (it looks like it has a bias column: Part 4 nets are bias-free)" \
-            if Ws[0].shape[-1] == X.shape[1] + 1 else ""
+        hint = (
+            " (it looks like it has a bias column: Part 4 nets are bias-free)"
+            if Ws[0].shape[-1] == X.shape[1] + 1
+            else ""
+        )
         raise FeaturelabError(f"weights[0] has {Ws[0].shape[-1]} columns but X has d_in={X.shape[1]}{hint}")
     return Ws
 
@@ -70,8 +87,10 @@ def as_data(X, G, d_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor]
     X, G = as_matrix("X", X), as_matrix("G", G)
     if G.shape[0] != X.shape[0] or (d_out is not None and G.shape[1] != d_out):
         want = f"{X.shape[0]} x {d_out if d_out is not None else 'd_out'}"
-        raise FeaturelabError(f"G has shape {tuple(G.shape)}; it must be N x d_out = {want} (rows are samples, "
-                              "the shape of the outputs Y_θ; THEORY.md's G is its transpose)")
+        raise FeaturelabError(
+            f"G has shape {tuple(G.shape)}; it must be N x d_out = {want} (rows are samples, "
+            "the shape of the outputs Y_θ; the paper's G is its transpose)"
+        )
     return X, G
 
 
@@ -80,7 +99,7 @@ def forward(Ws: list[torch.Tensor], X: torch.Tensor) -> tuple[list[torch.Tensor]
     """Every layer of the bias-free ReLU net: ``(pre, act)`` with pre = [Z_1..Z_L], act = [Zσ_0 = X, Zσ_1..Zσ_{L-1}].
 
     Ws: checked weights (see `as_weights`), optionally ``R x n_ℓ x n_{ℓ-1}``; X: ``N x d_in``.
-    Each Z is ``N x n_ℓ`` (``R x N x n_ℓ`` when batched). THEORY.md Part 4 §1, rows for samples.
+    Each Z is ``N x n_ℓ`` (``R x N x n_ℓ`` when batched). docs/theory/saddle-to-saddle.md §1, rows for samples.
     """
     a, pre, act = X, [], [X]
     for l, W in enumerate(Ws, start=1):
@@ -101,10 +120,10 @@ def _L0(Ws: list[torch.Tensor], X: torch.Tensor, G: torch.Tensor) -> torch.Tenso
 
 
 def localized_loss(weights, X, G) -> torch.Tensor:
-    """L0(θ) = Tr[Gᵀ Y_θ] = Σ_ij G_ij (Y_θ)_ij (THEORY.md Part 4 §2), a float64 scalar (differentiable).
+    """L0(θ) = Tr[Gᵀ Y_θ] = Σ_ij G_ij (Y_θ)_ij (docs/theory/saddle-to-saddle.md §2), a float64 scalar (differentiable).
 
     weights: bias-free ReLU `MLP` or list of ``n_ℓ x n_{ℓ-1}`` matrices. X: ``N x d_in``. G: ``N x d_out``
-    (rows are samples; THEORY.md's ``d_out x N`` G transposed), e.g. ``-Y*`` for ½‖Y-Y*‖² or
+    (rows are samples; the papers' ``d_out x N`` G transposed), e.g. ``-Y*`` for ½‖Y-Y*‖² or
     ``(1/K - onehot)/N`` for mean cross-entropy. L0 is L-homogeneous: L0(λθ) = λ^L L0(θ) for λ > 0.
     """
     X = as_matrix("X", X)
@@ -120,7 +139,7 @@ def _speed(Ws: list[torch.Tensor], X: torch.Tensor, G: torch.Tensor) -> torch.Te
 
 def escape_speed(weights, X, G) -> float:
     """speed(θ) = -L^{L/2} L0(θ)/‖θ‖^L: minus L0 at the rescaled point √L θ/‖θ‖ on the √L-sphere
-    (THEORY.md Part 4 §3.1). At an escape direction ρ (∇L0(ρ) = -sρ, ‖ρ‖² = L) it is the speed s.
+    (docs/theory/saddle-to-saddle.md §3.1). At an escape direction ρ (∇L0(ρ) = -sρ, ‖ρ‖² = L) it is the speed s.
 
     weights, X (``N x d_in``), G (``N x d_out``): as in `localized_loss`. Returns a float.
     """
@@ -177,8 +196,9 @@ class EscapeSearch:
 def _widths(width, depth: int) -> list[int]:
     widths = list(width) if isinstance(width, (list, tuple)) else [width] * (depth - 1)
     if len(widths) != depth - 1 or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
-        raise FeaturelabError(f"width={width!r} is not allowed for depth={depth}: give an int >= 1 or "
-                              f"a list of {depth - 1} ints >= 1")
+        raise FeaturelabError(
+            f"width={width!r} is not allowed for depth={depth}: give an int >= 1 or a list of {depth - 1} ints >= 1"
+        )
     return widths
 
 
@@ -187,11 +207,22 @@ def _to_sphere(Ws: list[torch.Tensor], L: int) -> list[torch.Tensor]:
     return [W * scale for W in Ws]
 
 
-def find_escape_directions(X, G, depth: int, width, restarts: int = 50, steps: int = 4000, rank_one: bool = False,
-                           seed: int = 0, lr: float | None = None, init=None, tail: int = 500) -> EscapeSearch:
+def find_escape_directions(
+    X,
+    G,
+    depth: int,
+    width,
+    restarts: int = 50,
+    steps: int = 4000,
+    rank_one: bool = False,
+    seed: int = 0,
+    lr: float | None = None,
+    init=None,
+    tail: int = 500,
+) -> EscapeSearch:
     """Search the √L-sphere for optimal escape directions, all restarts batched in one tensor computation.
 
-    Default (THEORY.md Part 4 A1): projected (Riemannian) GD on ‖θ‖² = L from Gaussian starts rescaled
+    Default (docs/theory/saddle-to-saddle.md A1): projected (Riemannian) GD on ‖θ‖² = L from Gaussian starts rescaled
     to the sphere: ``g = ∇L0(θ)``, ``θ <- θ - η_k (g - (gᵀθ/L)θ)``, ``θ <- √L θ/‖θ‖``, with the decaying
     step ``η_k = lr(1 + cos(πk/K))/2`` (lr = 0.05 by default; a constant step chatters across kinks).
     ``rank_one=True`` (A2): ``W_ℓ = a_ℓ b_ℓᵀ``, maximise ``-L0(W)(L/Σ_ℓ‖a_ℓ‖²‖b_ℓ‖²)^{L/2}`` with Adam
@@ -216,8 +247,10 @@ def find_escape_directions(X, G, depth: int, width, restarts: int = 50, steps: i
             raise FeaturelabError("init is only used by the projected-GD search (rank_one=False)")
         Ws = as_weights(init, X, batched=True)
         if len(Ws) != L or Ws[-1].shape[-2] != G.shape[1]:
-            raise FeaturelabError(f"init has {len(Ws)} weight matrices with d_out={Ws[-1].shape[-2]}; "
-                                  f"it needs depth={depth} and d_out = G's {G.shape[1]} columns")
+            raise FeaturelabError(
+                f"init has {len(Ws)} weight matrices with d_out={Ws[-1].shape[-2]}; "
+                f"it needs depth={depth} and d_out = G's {G.shape[1]} columns"
+            )
         if Ws[0].ndim == 2:
             Ws = [W.expand(restarts, *W.shape).clone() for W in Ws]
         elif Ws[0].shape[0] != restarts:
@@ -226,10 +259,14 @@ def find_escape_directions(X, G, depth: int, width, restarts: int = 50, steps: i
         dims = [X.shape[1], *_widths(width, L), G.shape[1]]
     if rank_one:
         lr = positive("lr", 0.01 if lr is None else lr)
-        a = [torch.randn(restarts, n, generator=gen, dtype=torch.float64).to(X.device).requires_grad_(True)
-             for n in dims[1:]]
-        b = [torch.randn(restarts, m, generator=gen, dtype=torch.float64).to(X.device).requires_grad_(True)
-             for m in dims[:-1]]
+        a = [
+            torch.randn(restarts, n, generator=gen, dtype=torch.float64).to(X.device).requires_grad_(True)
+            for n in dims[1:]
+        ]
+        b = [
+            torch.randn(restarts, m, generator=gen, dtype=torch.float64).to(X.device).requires_grad_(True)
+            for m in dims[:-1]
+        ]
         opt = torch.optim.Adam(a + b, lr=lr)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: (1 + math.cos(math.pi * k / steps)) / 2)
         trace = torch.empty(steps + 1, restarts, dtype=torch.float64, device=X.device)
@@ -247,8 +284,10 @@ def find_escape_directions(X, G, depth: int, width, restarts: int = 50, steps: i
     else:
         lr = positive("lr", 0.05 if lr is None else lr)
         if init is None:
-            Ws = [torch.randn(restarts, n, m, generator=gen, dtype=torch.float64).to(X.device)
-                  for n, m in zip(dims[1:], dims[:-1])]
+            Ws = [
+                torch.randn(restarts, n, m, generator=gen, dtype=torch.float64).to(X.device)
+                for n, m in zip(dims[1:], dims[:-1])
+            ]
         Ws = _to_sphere([W.detach().to(X.device) for W in Ws], L)
         trace = torch.empty(steps + 1, restarts, dtype=torch.float64, device=X.device)
         for k in range(steps + 1):
@@ -264,21 +303,23 @@ def find_escape_directions(X, G, depth: int, width, restarts: int = 50, steps: i
                 Ws = _to_sphere([W - eta * (g - radial * W) for g, W in zip(grads, Ws)], L)
         Ws = [W.detach() for W in Ws]
     speeds = _speed(Ws, X, G)
-    last = trace[-min(tail, steps) - 1:]
+    last = trace[-min(tail, steps) - 1 :]
     converged = (last.max(0).values - last.min(0).values) < 1e-7
     return EscapeSearch(speeds, Ws, trace, converged)
 
 
 # ------------------------------------------------------------------- §3.2 per-layer ratios
 def tail_ratio(M) -> float:
-    """r(M) = Σ_{i>=2} s_i² / Σ_i s_i² = 1 - ‖M‖²_op/‖M‖²_F (THEORY.md Part 4 §3.2, over all nonzero
+    """r(M) = Σ_{i>=2} s_i² / Σ_i s_i² = 1 - ‖M‖²_op/‖M‖²_F (docs/theory/saddle-to-saddle.md §3.2, over all nonzero
     singular values); 0 for a rank-one or zero matrix. Transpose-invariant."""
     sr = stable_rank(M)
     return 1.0 - 1.0 / sr if sr > 0 else 0.0
 
 
 def layer_diagnostics(weights, X, top: int = 10) -> dict[str, list]:
-    """Per-layer low-rank diagnostics of THEORY.md Part 4 §3.2 (float64; X is ``N x d_in``, rows = samples).
+    """Per-layer low-rank diagnostics of docs/theory/saddle-to-saddle.md §3.2.
+
+    float64; X is ``N x d_in``, rows are samples.
 
     Returns lists indexed by position (the layer index is in the name):
       r_W[ℓ-1]  = r(W_ℓ), ℓ = 1..L;        r_Z[ℓ] = r(Zσ_ℓ), ℓ = 0..L-1 (ℓ = 0 is X);
@@ -293,14 +334,18 @@ def layer_diagnostics(weights, X, top: int = 10) -> dict[str, list]:
     for z, a in zip(pre[:-1], act[1:]):
         nz = float((z**2).sum())
         lin.append(float(((a - z) ** 2).sum()) / nz if nz > 0 else 0.0)
-    return {"r_W": [tail_ratio(W) for W in Ws], "r_Z": [tail_ratio(a) for a in act], "lin": lin,
-            "s2_s1": [float(s[1] / s[0]) if s.numel() > 1 and s[0] > 0 else 0.0 for s in svals],
-            "singular_values": [s[:top].tolist() for s in svals]}
+    return {
+        "r_W": [tail_ratio(W) for W in Ws],
+        "r_Z": [tail_ratio(a) for a in act],
+        "lin": lin,
+        "s2_s1": [float(s[1] / s[0]) if s.numel() > 1 and s[0] > 0 else 0.0 for s in svals],
+        "singular_values": [s[:top].tolist() for s in svals],
+    }
 
 
 # --------------------------------------------------------------------------- §3.3 Thm 3.1
 def theorem31_bound(X, G, s_star: float, depth: int) -> tuple[float, list[float]]:
-    """Thm 3.1 (THEORY.md Part 4 §3.3): at an optimal escape direction of speed s* every r_W(ℓ), r_Z(ℓ),
+    """Thm 3.1 (docs/theory/saddle-to-saddle.md §3.3): at an optimal escape direction of speed s* every r_W(ℓ), r_Z(ℓ),
     lin(ℓ) is at most ``B(ℓ) = 8cℓ^{-1/2}/(1 - cℓ^{-1/2})`` with ``c = (‖X‖‖G‖/s*)·sqrt(2 log(‖X‖‖G‖/s*))``.
 
     X: ``N x d_in``, G: ``N x d_out`` (rows are samples); s_star > 0 (the paper's min is negative: §8.2).
@@ -322,7 +367,7 @@ def theorem31_bound(X, G, s_star: float, depth: int) -> tuple[float, list[float]
 
 # --------------------------------------------------------------------------- §3.4 Prop 3.4
 def prop34_check(weights, X, G, p: float = 0.5) -> dict:
-    """Prop 3.4 (THEORY.md Part 4 §3.4) at any θ with L0(θ) < 0, evaluated on the √L-sphere (the
+    """Prop 3.4 (docs/theory/saddle-to-saddle.md §3.4) at any θ with L0(θ) < 0, evaluated on the √L-sphere (the
     ratios are scale-free and s0 = speed(θ) is the largest -L0 on the ray, so this is the tightest case).
 
     Sum form: ``Σ_{ℓ=0}^{L-1} log(‖Zσ_ℓ‖²_F/‖Zσ_ℓ‖²_op) <= 2 log(‖X‖‖G‖/s0)``.
@@ -344,14 +389,22 @@ def prop34_check(weights, X, G, p: float = 0.5) -> dict:
     rhs = 2 * math.log(float(torch.linalg.norm(X) * torch.linalg.norm(G)) / s0)
     threshold = rhs / (p * L)
     count = sum(tail_ratio(a) > threshold for a in act)
-    return {"lhs": lhs, "rhs": rhs, "slack": rhs - lhs, "holds": lhs <= rhs + 1e-12, "threshold": threshold,
-            "count": count, "count_holds": count <= p * L, "s0": s0}
+    return {
+        "lhs": lhs,
+        "rhs": rhs,
+        "slack": rhs - lhs,
+        "holds": lhs <= rhs + 1e-12,
+        "threshold": threshold,
+        "count": count,
+        "count_holds": count <= p * L,
+        "s0": s0,
+    }
 
 
 # --------------------------------------------------------------------------- §3.5 Prop 3.3
 def rank_one_chain(u, v, G, depth: int, width: int) -> list[torch.Tensor]:
-    """The optimal chain of Prop 3.3 (THEORY.md Part 4 §3.5) for a rank-one input ``X = v uᵀ``
-    (rows are samples, ``N x d_in``; THEORY.md's ``u vᵀ``): ``W_1 = e_1 ûᵀ``, ``W_ℓ = e_1 e_1ᵀ`` (1<ℓ<L),
+    """The optimal chain of Prop 3.3 (docs/theory/saddle-to-saddle.md §3.5) for a rank-one input ``X = v uᵀ``
+    (rows are samples, ``N x d_in``; the papers' ``u vᵀ``): ``W_1 = e_1 ûᵀ``, ``W_ℓ = e_1 e_1ᵀ`` (1<ℓ<L),
     ``W_L = -(Gᵀv/‖Gᵀv‖) e_1ᵀ``, hidden width `width`.
 
     u: length d_in, v: length N (both >= 0 entrywise); G: ``N x d_out``. Then ‖θ‖² = L and
@@ -376,7 +429,7 @@ def rank_one_chain(u, v, G, depth: int, width: int) -> list[torch.Tensor]:
 
 
 def prop33_check(weights, X, G, u, v, eps: float) -> dict:
-    """Prop 3.3 (THEORY.md Part 4 §3.5) for a nearly rank-one input ``X = v uᵀ + E`` (rows are samples,
+    """Prop 3.3 (docs/theory/saddle-to-saddle.md §3.5) for a nearly rank-one input ``X = v uᵀ + E`` (rows are samples,
     ``N x d``; u, v >= 0 entrywise, ``‖E‖_F <= eps``).
 
     Precondition: ``‖θ‖² <= L`` and ``Tr[Gᵀ Y_θ(X)] <= -‖Gᵀv‖‖u‖ + ‖G‖_F eps`` with s = -Tr[...] > ‖G‖eps.
@@ -398,13 +451,19 @@ def prop33_check(weights, X, G, u, v, eps: float) -> dict:
     diag = layer_diagnostics(Ws, X)
     ratios = diag["r_W"] + diag["r_Z"] + diag["lin"]
     worst = max(ratios)
-    return {"precondition": pre, "s": s, "bound": bound, "max_ratio": worst,
-            "holds": (not pre) or worst <= bound, **{k: diag[k] for k in ("r_W", "r_Z", "lin")}}
+    return {
+        "precondition": pre,
+        "s": s,
+        "bound": bound,
+        "max_ratio": worst,
+        "holds": (not pre) or worst <= bound,
+        **{k: diag[k] for k in ("r_W", "r_Z", "lin")},
+    }
 
 
 # --------------------------------------------------------------------------- §3.6 Prop 3.2
 def extend_depth(weights, X, G, k: int, rescale: bool = True) -> list[torch.Tensor]:
-    """Prop 3.2 depth extension (THEORY.md Part 4 §3.6): a depth-(L+k) net θ' with L0(θ') <= L0(θ).
+    """Prop 3.2 depth extension (docs/theory/saddle-to-saddle.md §3.6): a depth-(L+k) net θ' with L0(θ') <= L0(θ).
 
     With ``H = Zσ_{L-2}`` (H = X for L = 2), a_i = ‖W_L[:,i]‖, b_i = ‖W_{L-1}[i,:]‖ and
     ``τ_i = Tr[Gᵀ (W_L[:,i]/a_i) σ(W_{L-1}[i,:]/b_i · H)]`` (rows: ``Σ_n G[n]·(W_L[:,i]/a_i) σ(H[n]·w_i)``),
@@ -449,7 +508,7 @@ def _kappa(speed: float, depth: int) -> float:
 
 def escape_norm(t, norm0: float, speed: float, depth: int):
     """‖θ(t)‖ of gradient flow on L0 started at θ(0) = norm0·ρ/√L, ρ an escape direction of speed s
-    (THEORY.md Part 4 §2, Prop 2.2 corrected: κ = s L^{-L/2}, the unit-sphere speed).
+    (docs/theory/saddle-to-saddle.md §2, Prop 2.2 corrected: κ = s L^{-L/2}, the unit-sphere speed).
 
     L = 2: ``norm0 e^{s t}``; L > 2: ``(norm0^{2-L} - (L-2)Lκ t)^{1/(2-L)}``, inf from the blow-up time on.
     t: float or tensor of times >= 0. Returns the same type.
@@ -485,3 +544,10 @@ def escape_time(norm0: float, radius: float, speed: float, depth: int) -> float:
     if depth == 2:
         return math.log(radius / norm0) / (2 * kappa)
     return (norm0 ** (2 - depth) - radius ** (2 - depth)) / ((depth - 2) * depth * kappa)
+
+
+def cross_entropy_gradient(Y: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """G = ∇C(0) of mean K-class cross-entropy, ``N x K`` (rows are samples): ``(1/K - onehot(y))/N``
+    (docs/theory/saddle-to-saddle.md §2, transposed). Y: ``N`` int64 labels."""
+    onehot = torch.nn.functional.one_hot(Y, n_classes).to(torch.float64)
+    return (1.0 / n_classes - onehot) / len(Y)

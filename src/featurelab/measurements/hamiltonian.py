@@ -1,12 +1,13 @@
-"""Hamiltonian diagnostics of a trained Leaky ResNet (THEORY.md Part 1 §3; Jacot & Kaiser,
+"""Hamiltonian diagnostics of a trained Leaky ResNet (docs/theory/leaky-resnets.md §3; Jacot & Kaiser,
 arXiv 2405.17573 §2-§3, eq. 1-4, Theorem 4, Prop. 5, Prop. 10).
 
-Rows are samples: ``A_l``, ``B_l``, ``D_l`` are ``N x w`` (THEORY.md's transposes), so THEORY.md's
+Rows are samples: ``A_l``, ``B_l``, ``D_l`` are ``N x w`` (the papers' transposes), so the papers'
 ``B σ(A)ᵀ`` is ``Bᵀσ(A)`` here and ``Tr[B Aᵀ]`` is ``Σ B ⊙ A``. Layer-l quantities use the staggered pairing
 ``(A_{l-1}, B_l, W_l, D_l)`` (Part 1 §3, §6.1), plotted at ``p_{l-1}``; with it the network is a
 symplectic-Euler step at a critical point and the identities of §3.2-3.5 are exact. Everything runs in
 float64 on the CPU from the stored parameters.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,7 +46,7 @@ def _check_data(model: LeakyResNet, X, Y) -> tuple[torch.Tensor, torch.Tensor]:
 def backward_variables(model: LeakyResNet, X, Y, lam: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Representations ``[A_0..A_L]`` and backward variables ``[B_0..B_L]`` (each ``N x w``, float64, CPU).
 
-    ``B_l = −(1/λ) ∂C/∂A_l`` (THEORY.md Part 1 §3.2, paper §2.4) is the total derivative of the data cost
+    ``B_l = −(1/λ) ∂C/∂A_l`` (docs/theory/leaky-resnets.md §3.2, paper §2.4) is the total derivative of the data cost
     ``C = (1/N)‖Y − Ŷ‖²_F`` (the trainer's "mse") through layers l+1..L and ``V_out``, parameters fixed,
     by autograd on one float64 forward graph. X: ``N x d_in``, Y: ``N x d_out`` (rows are samples).
     """
@@ -63,9 +64,15 @@ def _backward(m: LeakyResNet, X, Y, lam: float) -> tuple[list[torch.Tensor], lis
     return [a.detach() for a in reps], [-g / lam for g in grads]
 
 
-def layer_energies(A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, effective_depth: float,
-                   gamma0: float = 1e-3, gamma_mode: str = "relative") -> dict[str, float]:
-    """The Hamiltonians, energies and Theorem-4 bounds of one layer (THEORY.md Part 1 §3.3-3.5).
+def layer_energies(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    D: torch.Tensor,
+    effective_depth: float,
+    gamma0: float = 1e-3,
+    gamma_mode: str = "relative",
+) -> dict[str, float]:
+    """The Hamiltonians, energies and Theorem-4 bounds of one layer (docs/theory/leaky-resnets.md §3.3-3.5).
 
     A: ``A_{l-1}``, B: ``B_l``, D: ``D_l = (A_l − A_{l-1})/ρ_l`` (each ``N x w``, rows are samples).
     With ``L̃`` = effective_depth, ``K = σ(A)σ(A)ᵀ``, γ from (gamma0, gamma_mode) and ``c = ‖B‖``:
@@ -79,7 +86,7 @@ def layer_energies(A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, effective_
     metric = kernel_metric(A, True, gamma0, gamma_mode)
     w = A.shape[1]
     Z = metric.whiten(torch.cat([A, D, B], dim=1))
-    ZA, ZD, ZB = Z[:, :w], Z[:, w:2 * w], Z[:, 2 * w:]
+    ZA, ZD, ZB = Z[:, :w], Z[:, w : 2 * w], Z[:, 2 * w :]
     g = metric.gamma
     coi = float((ZA**2).sum())
     d2 = float((ZD**2).sum())
@@ -92,19 +99,30 @@ def layer_energies(A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, effective_
     thm4 = float(((ZD + g * Lt * ZB) ** 2).sum()) / (2 * Lt) - Lt / 2 * coi - g * Lt / 2 * c**2
     d = math.sqrt(d2)
     return {
-        "B_norm": c, "BS_norm": float(torch.linalg.norm(BS)), "hamiltonian": H, "h_rescaled": h,
-        "kinetic": Lt * kappa / 2, "kappa": kappa, "potential": -Lt / 2 * coi, "coi_gamma": coi,
-        "stable_hamiltonian": Lt * kappa / 2 - Lt / 2 * coi, "h_gamma_rescaled": h_gamma,
-        "thm4": thm4, "thm4_gap": abs(thm4 - H), "D_norm_K": d,
+        "B_norm": c,
+        "BS_norm": float(torch.linalg.norm(BS)),
+        "hamiltonian": H,
+        "h_rescaled": h,
+        "kinetic": Lt * kappa / 2,
+        "kappa": kappa,
+        "potential": -Lt / 2 * coi,
+        "coi_gamma": coi,
+        "stable_hamiltonian": Lt * kappa / 2 - Lt / 2 * coi,
+        "h_gamma_rescaled": h_gamma,
+        "thm4": thm4,
+        "thm4_gap": abs(thm4 - H),
+        "D_norm_K": d,
         "slack_a": 2 / Lt * d * math.sqrt(g) * c + g * c**2 - abs(h - h_gamma),
         "slack_b": 2 * Lt * math.sqrt(g) * c - abs(d - Lt * math.sqrt(max(0.0, coi - h))),
         "slack_c": coi + g * c**2 - h,
-        "gamma": g, "jitter": metric.jitter, "condition": metric.condition,
+        "gamma": g,
+        "jitter": metric.jitter,
+        "condition": metric.condition,
     }
 
 
 def balancedness_residual(W: torch.Tensor, positions: torch.Tensor, effective_depth: float) -> float:
-    """``max_l |E_l − Ê_l| / max_l E_l`` of the discrete Prop. 10 (THEORY.md Part 1 §3.6, **[ours]** form).
+    """``max_l |E_l − Ê_l| / max_l E_l`` of the discrete Prop. 10 (docs/theory/leaky-resnets.md §3.6, **[ours]** form).
 
     W: ``L x w x (w+1)`` (bias = last column), positions: ``p_0..p_L``. ``E_l = ‖W_l‖²`` at the midpoints
     ``m_l = (p_{l-1}+p_l)/2``, ``Ê_l = E_1 + L̃ Σ_{j=2..l} (β_{j-1}+β_j)/2 (m_j − m_{j-1})``, ``β_l = ‖b_l‖²``.
@@ -119,8 +137,9 @@ def balancedness_residual(W: torch.Tensor, positions: torch.Tensor, effective_de
     return float((E - E_hat).abs().max() / E.max())
 
 
-def geodesic_diagnostics(model: LeakyResNet, X, Y, lam: float, gamma0: float = 1e-3,
-                         gamma_mode: str = "relative", pairing: str = "staggered") -> pd.DataFrame:
+def geodesic_diagnostics(
+    model: LeakyResNet, X, Y, lam: float, gamma0: float = 1e-3, gamma_mode: str = "relative", pairing: str = "staggered"
+) -> pd.DataFrame:
     """Every Part 1 §3 diagnostic of a trained `LeakyResNet` on its training set, one row per layer l = 1..L.
 
     X: ``N x d_in``, Y: ``N x d_out`` (rows are samples); lam: the λ it was trained with (> 0); gamma0: γ_0 of
@@ -169,15 +188,23 @@ def geodesic_diagnostics(model: LeakyResNet, X, Y, lam: float, gamma0: float = 1
     sqrt_gc = float((np.sqrt(df["gamma"]) * df["B_norm"]).max())
     gc2 = float((df["gamma"] * df["B_norm"] ** 2).max())
     summary = {
-        "h_median": h_med, "h_min": float(df["h_rescaled"].min()), "h_max": float(df["h_rescaled"].max()),
+        "h_median": h_med,
+        "h_min": float(df["h_rescaled"].min()),
+        "h_max": float(df["h_rescaled"].max()),
         "h_gamma_median": float(df["h_gamma_rescaled"].median()),
-        "h_gamma_min": float(df["h_gamma_rescaled"].min()), "h_gamma_max": float(df["h_gamma_rescaled"].max()),
-        "min_coi": min_coi, "path_length_F": path_F, "path_length_gamma": path_gamma,
+        "h_gamma_min": float(df["h_gamma_rescaled"].min()),
+        "h_gamma_max": float(df["h_gamma_rescaled"].max()),
+        "min_coi": min_coi,
+        "path_length_F": path_F,
+        "path_length_gamma": path_gamma,
         "balancedness": balancedness_residual(W, p, Lt),
-        "residual_max": float(df["residual"].max()), "residual_median": float(df["residual"].median()),
-        "B_norm_max": float(df["B_norm"].max()), "BS_norm_max": float(df["BS_norm"].max()),
+        "residual_max": float(df["residual"].max()),
+        "residual_median": float(df["residual"].median()),
+        "B_norm_max": float(df["B_norm"].max()),
+        "BS_norm_max": float(df["BS_norm"].max()),
         "thm4_gap_max": float(df["thm4_gap"].max()),
-        "slack_a_min": float(df["slack_a"].min()), "slack_b_min": float(df["slack_b"].min()),
+        "slack_a_min": float(df["slack_a"].min()),
+        "slack_b_min": float(df["slack_b"].min()),
         "slack_c_min": float(df["slack_c"].min()),
         "slack_d_lower": (h_med - min_coi) + (path_gamma / Lt + sqrt_gc) ** 2,
         "slack_d_upper": gc2 - (h_med - min_coi),

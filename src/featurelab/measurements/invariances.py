@@ -1,5 +1,5 @@
 """Conserved quantities of gradient flow in bias-free homogeneous networks, their exact GD drift, the
-noninvariance flow Φ of Lemma 4, and a trainer callback that tracks them (THEORY.md Part 5 §3, §5;
+noninvariance flow Φ of Lemma 4, and a trainer callback that tracks them (docs/theory/invariances.md §3, §5;
 Le & Jegelka, ICLR 2022, Lemmas 2-4 and Theorem 1).
 
 Networks are `HomogeneousNet`s or bias-free leaky-ReLU `MLP`s (`as_homogeneous`). Rows are samples.
@@ -18,10 +18,11 @@ W, B(K)/A(K), [V_2, V_3]/[V_1; V_3], A(W) after a conv) carries, with rows/colum
 Each invariant is Q = P_1 - P_2 with P_1, P_2 quadratic in the parameters, so one full-batch GD step
 θ' = θ - ηG changes an in-scope entry by exactly ΔQ = η²(P_1(G) - P_2(G)) (Part 5 §3, GD).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -174,24 +175,46 @@ def invariants(model) -> InvariantSet:
             else:
                 junctions.append(Junction(f"{j}→{i}", (j, "out"), out[0], inn[0], out[1], out[2] and inn[1]))
         if isinstance(s, ResBlock):
-            junctions.append(Junction(f"{i}.hidden", (i, "hidden"), lambda get, s=s: get(s.V1),
-                                      lambda get, s=s: get(s.V2), torch.full((s.b,), s.leak_in, dtype=torch.float64),
-                                      True))
+            junctions.append(
+                Junction(
+                    f"{i}.hidden",
+                    (i, "hidden"),
+                    lambda get, s=s: get(s.V1),
+                    lambda get, s=s: get(s.V2),
+                    torch.full((s.b,), s.leak_in, dtype=torch.float64),
+                    True,
+                )
+            )
             if s.kind == "identity":
                 skipped.append(f"stage {i} (ResNetIdentity): no learnable cut (its skip path has no learnable edge)")
         prev, channels = (i, _out_side(i, s)), None
         cuts += _cuts(i, s)
     for jn in junctions:
-        items.append(Invariant(f"vertex {jn.name}", "vertex", "Lemma 2 (Part 5 §3)",
-                               lambda get, jn=jn: (jn.A(get) ** 2).sum(0), lambda get, jn=jn: (jn.B(get) ** 2).sum(1),
-                               jn))
+        items.append(
+            Invariant(
+                f"vertex {jn.name}",
+                "vertex",
+                "Lemma 2 (Part 5 §3)",
+                lambda get, jn=jn: (jn.A(get) ** 2).sum(0),
+                lambda get, jn=jn: (jn.B(get) ** 2).sum(1),
+                jn,
+            )
+        )
         if jn.full:
-            items.append(Invariant(f"matrix {jn.name}", "matrix", "Theorem 1 (Part 5 §3)",
-                                   lambda get, jn=jn: gram(jn.A(get).T), lambda get, jn=jn: gram(jn.B(get)),
-                                   jn))
+            items.append(
+                Invariant(
+                    f"matrix {jn.name}",
+                    "matrix",
+                    "Theorem 1 (Part 5 §3)",
+                    lambda get, jn=jn: gram(jn.A(get).T),
+                    lambda get, jn=jn: gram(jn.B(get)),
+                    jn,
+                )
+            )
         else:
-            skipped.append(f"junction {jn.name}: matrix form skipped (units have different skip neighbours); "
-                           "vertex-wise only")
+            skipped.append(
+                f"junction {jn.name}: matrix form skipped (units have different skip neighbours); vertex-wise only"
+            )
     for (n1, p1), (n2, p2) in zip(cuts[:-1], cuts[1:]):
         items.append(Invariant(f"cut {n1}-{n2}", "cut", "Lemma 3 (Part 5 §3)", _sq(p1), _sq(p2)))
     if not items:
@@ -206,8 +229,15 @@ def identity_block_controls(model) -> list[Invariant]:
     out, last = [], None
     for i, s in enumerate(net.stages):
         if isinstance(s, ResBlock) and s.kind == "identity" and last is not None:
-            out.append(Invariant(f"control {last[0]}-V1[{i}]", "control", "Lemma 3 negative control (Part 5 §3)",
-                                 _sq(last[1]), _sq([s.V1])))
+            out.append(
+                Invariant(
+                    f"control {last[0]}-V1[{i}]",
+                    "control",
+                    "Lemma 3 negative control (Part 5 §3)",
+                    _sq(last[1]),
+                    _sq([s.V1]),
+                )
+            )
         c = _cuts(i, s)
         last = c[-1] if c else last
     return out
@@ -274,8 +304,8 @@ def noninvariance_flow(model, X, Y, objective: str, stage: int) -> torch.Tensor:
     same_rows("X", X, "Y", Y)
     fw = net(X, return_layers=True)
     f = fw.output
-    r, = torch.autograd.grad(data_cost(objective, f, Y), f, retain_graph=True)
-    g, = torch.autograd.grad(f.sum(), fw.act[(stage, "out")])
+    (r,) = torch.autograd.grad(data_cost(objective, f, Y), f, retain_graph=True)
+    (g,) = torch.autograd.grad(f.sum(), fw.act[(stage, "out")])
     z = fw.pre[(stage, "out")].detach()
     s = torch.where(z > 0, torch.ones_like(z), a_stage.leak.to(z.dtype).expand_as(z))
     ds = s[:, None, :] - s[:, :, None]  # N x u x v: s_v - s_u
@@ -381,10 +411,18 @@ class InvariantTracker:
         1 + |Q|), cumulative_residual, in_scope (entries stably in scope) and size, at the last step."""
         rows = []
         for k, inv in enumerate(self.items):
-            rows.append({"invariant": inv.name, "kind": inv.kind, "reference": inv.reference,
-                         "rel_drift": self.rel_drift(k), "step_residual": self.step_residual[k],
-                         "cumulative_residual": self.cumulative_residual(k), "in_scope": int(self.stable[k].sum()),
-                         "size": self.stable[k].numel()})
+            rows.append(
+                {
+                    "invariant": inv.name,
+                    "kind": inv.kind,
+                    "reference": inv.reference,
+                    "rel_drift": self.rel_drift(k),
+                    "step_residual": self.step_residual[k],
+                    "cumulative_residual": self.cumulative_residual(k),
+                    "in_scope": int(self.stable[k].sum()),
+                    "size": self.stable[k].numel(),
+                }
+            )
         return pd.DataFrame(rows)
 
     def sign_summary(self) -> dict:
@@ -392,17 +430,33 @@ class InvariantTracker:
         ever flipped) and `direction` (per log: cos(w̄(t), w̄(T)), share of entries with the final sign,
         ‖w̄(t) - w̄(t')‖ to the previous log), and
         `sqrtP_min_abs` = √P·min_e |w̄_e(T)|."""
-        params = pd.DataFrame([{"parameter": k, "entries": p.numel(), "last_flip_step": int(self.last_flip[k].max()),
-                                "flipped_entries": int((self.last_flip[k] > 0).sum())}
-                               for k, p in enumerate(self.params)])
+        params = pd.DataFrame(
+            [
+                {
+                    "parameter": k,
+                    "entries": p.numel(),
+                    "last_flip_step": int(self.last_flip[k].max()),
+                    "flipped_entries": int((self.last_flip[k] > 0).sum()),
+                }
+                for k, p in enumerate(self.params)
+            ]
+        )
         final = self._direction()
         steps = [s for s, _ in self.directions]
         dirs = [d for _, d in self.directions]
-        direction = pd.DataFrame({"step": steps, "cos_to_final": [float(d @ final) for d in dirs],
-                                  "sign_match_final": [float(((d >= 0) == (final >= 0)).double().mean()) for d in dirs],
-                                  "step_change": [0.0] + [float((b - a).norm()) for a, b in zip(dirs[:-1], dirs[1:])]})
-        return {"parameters": params, "direction": direction,
-                "sqrtP_min_abs": float(np.sqrt(final.numel()) * final.abs().min())}
+        direction = pd.DataFrame(
+            {
+                "step": steps,
+                "cos_to_final": [float(d @ final) for d in dirs],
+                "sign_match_final": [float(((d >= 0) == (final >= 0)).double().mean()) for d in dirs],
+                "step_change": [0.0] + [float((b - a).norm()) for a, b in zip(dirs[:-1], dirs[1:])],
+            }
+        )
+        return {
+            "parameters": params,
+            "direction": direction,
+            "sqrtP_min_abs": float(np.sqrt(final.numel()) * final.abs().min()),
+        }
 
 
 def drift_slope(etas, drifts) -> float:

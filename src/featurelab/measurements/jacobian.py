@@ -1,9 +1,12 @@
-"""Input Jacobians Jf(x) and the NTK trace Tr Θ(x, x) of a network (THEORY.md Part 2 §2.3-§2.4, §3.3, §3.8).
+"""Input Jacobians Jf(x) and the NTK trace Tr Θ(x, x) of a network.
+
+docs/theory/bottleneck-rank.md §2.3-§2.4, §3.3, §3.8.
 
 Rows are samples: inputs are ``N x d_in`` (or one sample, a 1-D tensor of length d_in). Everything is
 computed in float64 on a float64 copy of the stored parameters, with `torch.func` (`jacrev`, `vmap`,
 `functional_call`); the model itself is not modified.
 """
+
 from __future__ import annotations
 
 import torch

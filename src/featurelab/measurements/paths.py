@@ -1,4 +1,4 @@
-"""Path enumeration and the tree network of Lemma 1 (THEORY.md Part 5 §2; Le & Jegelka, ICLR 2022).
+"""Path enumeration and the tree network of Lemma 1 (docs/theory/invariances.md §2; Le & Jegelka, ICLR 2022).
 
 For a bias-free homogeneous network (a `HomogeneousNet`, or an `MLP` accepted by `as_homogeneous`) with
 input x ∈ R^d and one output neuron o, every maximal input→o path p gives
@@ -13,6 +13,7 @@ s_p = Π_{e∈p} sgn(w_e). Rows are samples: ``path_enumeration(model, X)`` is `
 These tools build the network's neuron graph explicitly, so they are for small networks: more than
 `max_paths` paths is refused with the count.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -171,8 +172,10 @@ def enumerate_paths(model, max_paths: int = MAX_PATHS) -> Paths:
     graph = neuron_graph(model)
     m = count_paths(graph)
     if m > max_paths:
-        raise FeaturelabError(f"the network has {m} input→output paths, more than max_paths={max_paths}; "
-                              "path enumeration is for small networks (raise max_paths to force it)")
+        raise FeaturelabError(
+            f"the network has {m} input→output paths, more than max_paths={max_paths}; "
+            "path enumeration is for small networks (raise max_paths to force it)"
+        )
     position = {v: i for i, v in enumerate(graph.inputs)}
     inputs, edges = [], []
 

@@ -3,6 +3,7 @@
 All take any 2-D matrix (no samples convention needed: ranks are transpose-invariant) and compute
 in float64.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,7 +18,7 @@ def singular_values(M, k: int | None = None) -> torch.Tensor:
 
 
 def stable_rank(M) -> float:
-    """sr_op(M) = ‖M‖²_F / ‖M‖²_op (THEORY.md Part 1 §3.6); 0 for the zero matrix."""
+    """sr_op(M) = ‖M‖²_F / ‖M‖²_op (docs/theory/leaky-resnets.md §3.6); 0 for the zero matrix."""
     s = singular_values(M)
     return float((s**2).sum() / s[0] ** 2) if s.numel() and s[0] > 0 else 0.0
 

@@ -1,11 +1,12 @@
 """Representation cost of deep L2-regularized networks: the exact linear case, pseudo-determinants,
-and the large-depth fit ‖θ‖² ≈ L·R⁽⁰⁾ + R⁽¹⁾ + R⁽²⁾/L (THEORY.md Part 2 §2.1-§2.2, §3.4-§3.5).
+and the large-depth fit ‖θ‖² ≈ L·R⁽⁰⁾ + R⁽¹⁾ + R⁽²⁾/L (docs/theory/bottleneck-rank.md §2.1-§2.2, §3.4-§3.5).
 
 A matrix ``A`` here is a linear map written like a weight matrix: ``d_out x d_in``, acting on a sample
 ``x`` (a column) as ``A x``; on a data matrix with one row per sample it acts as ``X @ A.T``. Every
 quantity below is transpose-invariant except the factorization, whose product ``W_L ⋯ W_1`` equals A.
 All computations are in float64.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,12 +26,14 @@ def _rank(name: str, M: torch.Tensor, rank: int | None, tol: float) -> int:
         return numerical_rank(M, tol)
     int_at_least(name, rank, 0)
     if rank > min(M.shape):
-        raise FeaturelabError(f"{name}={rank} is not allowed for a {tuple(M.shape)} matrix: it must be <= {min(M.shape)}")
+        raise FeaturelabError(
+            f"{name}={rank} is not allowed for a {tuple(M.shape)} matrix: it must be <= {min(M.shape)}"
+        )
     return rank
 
 
 def log_pdet(M, rank: int | None = None, tol: float = 1e-3) -> float:
-    """log|M|_+ = Σ_{i<=k} log s_i(M), the log pseudo-determinant (THEORY.md Part 2 §2.2, §3.3).
+    """log|M|_+ = Σ_{i<=k} log s_i(M), the log pseudo-determinant (docs/theory/bottleneck-rank.md §2.2, §3.3).
 
     M: any 2-D matrix (no samples convention; the value is transpose-invariant).
     rank: k, the number of singular values kept; default the numerical rank #{s_i > tol·s_1}
@@ -72,7 +75,7 @@ def pseudo_log(P, tol: float = 1e-10) -> torch.Tensor:
 
 def linear_representation_cost(A, L: int, tol: float = 1e-10) -> float:
     """R(A; L) = L Σ_i s_i(A)^{2/L} = L‖A‖_{2/L}^{2/L}: the minimal ‖θ‖² of a depth-L bias-free linear
-    network computing A (THEORY.md Part 2 §2.2; exact for every L >= 1). A: ``d_out x d_in``.
+    network computing A (docs/theory/bottleneck-rank.md §2.2; exact for every L >= 1). A: ``d_out x d_in``.
 
     Singular values <= tol·s_1 count as zero: rounding leaves ~1e-16 where A has none, and s^{2/L} of
     that is not small at large L (1e-16^{2/7} ≈ 3e-5)."""
@@ -148,10 +151,11 @@ class RepresentationCostFit(NamedTuple):
     sq_norms: list
 
 
-def estimate_representation_cost(depths, sq_norms, rank: int | None = None,
-                                 terms: int | None = None) -> RepresentationCostFit:
+def estimate_representation_cost(
+    depths, sq_norms, rank: int | None = None, terms: int | None = None
+) -> RepresentationCostFit:
     """Least-squares fit ‖θ‖² ≈ L·R⁽⁰⁾ + R⁽¹⁾ (+ R⁽²⁾/L) over trained networks of one rank class
-    (THEORY.md Part 2 §2.1, §3.5). Fit one class at a time: minima of different ranks lie on lines of
+    (docs/theory/bottleneck-rank.md §2.1, §3.5). Fit one class at a time: minima of different ranks lie on lines of
     different slopes.
 
     depths: the depths L (one per network, repeats allowed); sq_norms: their final ‖θ‖², same length.
@@ -173,12 +177,22 @@ def estimate_representation_cost(depths, sq_norms, rank: int | None = None,
     if terms is None:
         terms = 3 if distinct >= 4 else 2
     if terms not in (2, 3) or distinct < terms:
-        raise FeaturelabError(f"terms={terms!r} is not allowed with {distinct} distinct depths: "
-                              "choose 2, or 3 with at least 3 distinct depths")
+        raise FeaturelabError(
+            f"terms={terms!r} is not allowed with {distinct} distinct depths: "
+            "choose 2, or 3 with at least 3 distinct depths"
+        )
     cols = [L, np.ones_like(L)] + ([1.0 / L] if terms == 3 else [])
     design = np.stack(cols, axis=1)
     coef, *_ = np.linalg.lstsq(design, y, rcond=1e-12)
     residual = float(np.sqrt(np.mean((design @ coef - y) ** 2)))
     r1_k = float(np.median(y - rank * L)) if rank is not None else float("nan")
-    return RepresentationCostFit(float(coef[0]), float(coef[1]), float(coef[2]) if terms == 3 else float("nan"),
-                                 terms, r1_k, residual, L.tolist(), y.tolist())
+    return RepresentationCostFit(
+        float(coef[0]),
+        float(coef[1]),
+        float(coef[2]) if terms == 3 else float("nan"),
+        terms,
+        r1_k,
+        residual,
+        L.tolist(),
+        y.tolist(),
+    )

@@ -1,16 +1,17 @@
 """Reformulations of the L2-regularized loss through representations, and the forces on them
-(THEORY.md Part 3 §2-§3; Jacot, Golikov, Hongler, Gabriel 2022, Prop. 1 and Section 3).
+(docs/theory/sparsity.md §2-§3; Jacot, Golikov, Hongler, Gabriel 2022, Prop. 1 and Section 3).
 
 Rows are samples. For an `MLP` with weights ``W_l`` (``n_l x (n_{l-1}+1)`` with a β bias column, or
 ``n_l x n_{l-1}`` when β = 0) the representations are the pre-activations ``Z_l`` (``N x n_l``) and the
 layer inputs with bias column ``A_{l-1} = [σ(Z_{l-1}), β1]`` (``N x (n_{l-1}+1)``, ``A_0 = [X, β1]``).
-THEORY.md writes the transposes: its ``Z_ℓ`` is our ``Z_lᵀ`` and its ``Z^σ_{ℓ-1}`` our ``A_{l-1}ᵀ``, so
+The papers write the transposes: its ``Z_ℓ`` is our ``Z_lᵀ`` and its ``Z^σ_{ℓ-1}`` our ``A_{l-1}ᵀ``, so
 its ``Z_ℓ(Z^σ_{ℓ-1})⁺`` is our ``(A_{l-1}⁺ Z_l)ᵀ`` and its ``K^σ = (Z^σ)ᵀZ^σ`` our ``A Aᵀ`` (N x N).
 
 Everything is computed in float64 from the stored parameters. Pseudo-inverses are thin SVDs truncated
 at ``s_i > rtol·s_1`` (rtol = 1e-10, Part 3 §8.8) or `lstsq` with an explicit rcond; no explicit
 inverse is formed.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -19,7 +20,7 @@ import torch
 
 from ..checks import as_matrix, non_negative, positive, same_rows
 from ..errors import FeaturelabError
-from ..models.mlp import MLP
+from ..models.mlp import MLP, mlp_with_weights
 from ..training.objectives import data_cost
 
 RTOL = 1e-10
@@ -35,8 +36,10 @@ def check_inputs(model, X, Y=None, homogeneous: bool = False):
     if not isinstance(model, MLP):
         raise FeaturelabError(f"model must be a featurelab MLP, got {type(model).__name__}")
     if homogeneous and not model.homogeneous:
-        raise FeaturelabError(f"activation={model.activation!r} is not allowed here: covariance pairs, merging and "
-                              "Carathéodory reduction need a positively homogeneous activation (leaky_relu)")
+        raise FeaturelabError(
+            f"activation={model.activation!r} is not allowed here: covariance pairs, merging and "
+            "Carathéodory reduction need a positively homogeneous activation (leaky_relu)"
+        )
     X = as_matrix("X", X.detach() if isinstance(X, torch.Tensor) else X).cpu()
     if X.shape[1] != model.dims[0]:
         raise FeaturelabError(f"X has {X.shape[1]} columns but the model expects d_in={model.dims[0]}")
@@ -95,7 +98,7 @@ def row_basis(A: torch.Tensor, rtol: float = RTOL):
     """Thin SVD ``A = P S Qᵀ`` truncated at ``s_i > rtol·s_1``: returns ``(P_r, s_r, Q_r)``.
 
     A: ``N x m`` (a layer input ``A_{l-1}``). ``Q_r Q_rᵀ`` projects weight rows onto the row space of A
-    (THEORY's ``U_rU_rᵀ``); ``P_r diag(s_r^-2) P_rᵀ = (A Aᵀ)⁺ = (K^σ)⁺``.
+    (the papers' ``U_rU_rᵀ``); ``P_r diag(s_r^-2) P_rᵀ = (A Aᵀ)⁺ = (K^σ)⁺``.
     """
     P, s, Qh = torch.linalg.svd(A, full_matrices=False)
     keep = s > rtol * s[0] if s.numel() and s[0] > 0 else torch.zeros_like(s, dtype=torch.bool)
@@ -126,9 +129,10 @@ class RepresentationLoss(NamedTuple):
     conds: list[float]
 
 
-def representation_loss(model: MLP, X, Y, lam: float, objective: str | None = None, form: str = "projection",
-                        rtol: float = RTOL) -> RepresentationLoss:
-    """L^rep(Z_1..Z_L) = C(Z_L) + λ Σ_l ‖Z_l (Z^σ_{l-1})⁺‖² at ``Z = Z(θ)`` (THEORY.md Part 3 §2, Prop. 1).
+def representation_loss(
+    model: MLP, X, Y, lam: float, objective: str | None = None, form: str = "projection", rtol: float = RTOL
+) -> RepresentationLoss:
+    """L^rep(Z_1..Z_L) = C(Z_L) + λ Σ_l ‖Z_l (Z^σ_{l-1})⁺‖² at ``Z = Z(θ)`` (docs/theory/sparsity.md §2, Prop. 1).
 
     X: ``N x d_in``; Y: ``N x d_out`` floats or ``N`` int labels (rows are samples). objective: "mse",
     "cross_entropy" or "logistic" (default: cross-entropy for int labels, mse otherwise); C is the mean
@@ -183,11 +187,10 @@ class LayerForces(NamedTuple):
     balance: float
 
 
-def layer_forces(model: MLP, X, Y, lam: float, objective: str | None = None,
-                 rtol: float = RTOL) -> list[LayerForces]:
+def layer_forces(model: MLP, X, Y, lam: float, objective: str | None = None, rtol: float = RTOL) -> list[LayerForces]:
     """Attraction and repulsion on every layer's representation, explicit formulas (Part 3 §2 "Forces").
 
-    Rows are samples; in our layout (THEORY's formulas transposed)
+    Rows are samples; in our layout (the papers' formulas transposed)
         ∇a_l = 2 (K^σ_{l-1})⁺ Z_l = 2 P S^-2 Pᵀ Z_l              (A_{l-1} = P S Qᵀ),
         ∇r_l = -2 σ'(Z_l) ⊙ ((K^σ_l)⁺ Z_{l+1} V_{l+1}),          V_{l+1} = W^min_{l+1} without bias column,
     valid where ``Z_{l+1}`` lies in the column space of ``A_l`` (true at ``Z = Z(θ)``) and ranks are locally
@@ -232,7 +235,7 @@ def principal_view(F: LayerForces, view: str = "datapoint", k: int = 2, max_poin
         basis, Z, att, rep = Qh[:k].T, F.Z, F.attraction, F.repulsion
     else:
         basis, Z, att, rep = P[:, :k], F.Z.T, F.attraction.T, F.repulsion.T
-    idx = torch.arange(Z.shape[0])[: max_points]
+    idx = torch.arange(Z.shape[0])[:max_points]
     return Z[idx] @ basis, att[idx] @ basis, rep[idx] @ basis, idx
 
 
@@ -253,13 +256,16 @@ def covariance_pairs(model: MLP, X) -> list[CovariancePair]:
     """
     X, _ = check_inputs(model, X, homogeneous=True)
     lay = layers(model, X)
-    return [CovariancePair(l, lay.pre[l - 1] @ lay.pre[l - 1].T, lay.inputs[l] @ lay.inputs[l].T)
-            for l in range(1, len(lay.weights))]
+    return [
+        CovariancePair(l, lay.pre[l - 1] @ lay.pre[l - 1].T, lay.inputs[l] @ lay.inputs[l].T)
+        for l in range(1, len(lay.weights))
+    ]
 
 
 # ---------------------------------------------------------------- projected GD on representations
-def tikhonov_loss(model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, objective: str | None = None,
-                  eps_rel: float = 1e-8) -> torch.Tensor:
+def tikhonov_loss(
+    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, objective: str | None = None, eps_rel: float = 1e-8
+) -> torch.Tensor:
     """L^rep of free representations in the Tikhonov form C(Z_L) + λ Σ Tr[Z_lᵀ (K^σ_{l-1} + εI)^-1 Z_l]
     with ε = eps_rel·Tr K^σ_{l-1}/N (Part 3 §2 "Stable evaluation"), differentiable in `Zs`.
 
@@ -279,7 +285,7 @@ def tikhonov_loss(model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, objectiv
 
 
 def project_representations(model: MLP, X, Zs: list[torch.Tensor], rtol: float = RTOL) -> list[torch.Tensor]:
-    """Π of Part 3 §2: for l = 1..L in order, ``Z_l <- A_{l-1} A_{l-1}⁺ Z_l`` (THEORY: Z_ℓ(Z^σ)⁺Z^σ), where
+    """Π of Part 3 §2: for l = 1..L in order, ``Z_l <- A_{l-1} A_{l-1}⁺ Z_l`` (paper: Z_ℓ(Z^σ)⁺Z^σ), where
     ``A_{l-1}`` is built from the already projected ``Z_{l-1}``. Rows are samples; returns new tensors."""
     a, out = X, []
     for l, Z in enumerate(Zs, start=1):
@@ -290,8 +296,9 @@ def project_representations(model: MLP, X, Zs: list[torch.Tensor], rtol: float =
     return out
 
 
-def projected_gd_step(model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, lr: float,
-                      objective: str | None = None) -> list[torch.Tensor]:
+def projected_gd_step(
+    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, lr: float, objective: str | None = None
+) -> list[torch.Tensor]:
     """One step ``Z <- Π(Z - lr ∇L^rep)`` of projected gradient descent on representations (Part 3 §2).
 
     Experimental: float64, Tikhonov gradient (`tikhonov_loss`), N <= 1000 (each step solves N x N
@@ -312,8 +319,9 @@ def projected_gd_step(model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, lr: 
         return project_representations(model, X, [Z - lr * g for Z, g in zip(Zs, grads)])
 
 
-def weights_from_representations(model: MLP, X, Zs: list[torch.Tensor],
-                                 rtol: float = RTOL) -> tuple[list[torch.Tensor], list[float]]:
+def weights_from_representations(
+    model: MLP, X, Zs: list[torch.Tensor], rtol: float = RTOL
+) -> tuple[list[torch.Tensor], list[float]]:
     """θ(Z) = (Z_l (Z^σ_{l-1})⁺)_l, the min-norm weights of Prop. 1, via ``lstsq`` (gelsd, rcond = rtol).
 
     Zs: ``[Z_1..Z_L]`` (``N x n_l``, rows samples). Returns the weights in `model`'s stored layout and, per
@@ -331,15 +339,15 @@ def weights_from_representations(model: MLP, X, Zs: list[torch.Tensor],
     return weights, violations
 
 
-def representation_descent(model: MLP, X, Y, lam: float, lr: float, steps: int,
-                           objective: str | None = None) -> tuple[MLP, list[float]]:
+def representation_descent(
+    model: MLP, X, Y, lam: float, lr: float, steps: int, objective: str | None = None
+) -> tuple[MLP, list[float]]:
     """Projected gradient descent on the representations as an optimizer (Part 3 §2, experimental).
 
     Starts from ``Z(θ)`` of `model`, takes `steps` calls of `projected_gd_step`, and realizes the result
     with the min-norm weights θ(Z). X: ``N x d_in``; Y: ``N x d_out`` or ``N`` labels (rows samples).
     Returns the float64 `MLP` and L^rep after each step (``len == steps + 1``, the start included).
     """
-    from .sparsity import mlp_with_weights
 
     X, Y = check_inputs(model, X, Y)
     Zs = layers(model, X).pre

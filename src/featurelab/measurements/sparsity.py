@@ -1,11 +1,12 @@
-"""Exact width reduction of trained networks (THEORY.md Part 3 §5a-§5c, §3 Prop. 6-8; Jacot et al. 2022).
+"""Exact width reduction of trained networks (docs/theory/sparsity.md §5a-§5c, §3 Prop. 6-8; Jacot et al. 2022).
 
 Rows are samples: X is ``N x d_in``; a hidden layer's representation ``Z_l`` is ``N x n_l``, so neuron i
-is column i of ``Z_l`` (THEORY's row i of ``Z_ℓ``) and its σ-vector ``σ(Z_l)[:, i]`` is THEORY's ``a_i``.
+is column i of ``Z_l`` (the papers' row i of ``Z_ℓ``) and its σ-vector ``σ(Z_l)[:, i]`` is the paper's ``a_i``.
 Neuron i's incoming weights are row i of ``W_l`` (bias column included), its outgoing weights column i
 of ``W_{l+1}``. Every function returns a new float64 `MLP` (the input is untouched) and a per-layer
 report (a DataFrame). All need a positively homogeneous activation (leaky-ReLU family).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -13,22 +14,10 @@ import torch
 
 from ..checks import int_at_least, positive
 from ..errors import FeaturelabError
-from ..models.mlp import MLP
+from ..models.mlp import MLP, mlp_with_weights
 from .representations import RTOL, check_inputs, layers, row_basis
 
 NULL_RTOL = 1e-10
-
-
-def mlp_with_weights(model: MLP, weights: list[torch.Tensor]) -> MLP:
-    """A float64 `MLP` with `model`'s architecture (σ, β, linear tail) and the given weights (stored layout,
-    ``n_l x (n_{l-1}+1)`` with bias column when β > 0); hidden widths are read off the weights."""
-    widths = [int(W.shape[0]) for W in weights[:-1]]
-    new = MLP(model.dims[0], model.dims[-1], widths, model.depth, leak=model.leak, bias=model.bias,
-              linear_tail=model.linear_tail, activation=model.activation, dtype=torch.float64)
-    with torch.no_grad():
-        for p, W in zip(new.weights, weights):
-            p.copy_(W)
-    return new
 
 
 def _output_error(model: MLP, X: torch.Tensor, weights: list[torch.Tensor], reference: torch.Tensor) -> float:
@@ -55,7 +44,7 @@ def _replace_layer(weights, l: int, W_in: torch.Tensor, W_out: torch.Tensor, bia
 
 # ------------------------------------------------------------------------------ 5a: merge
 def merge_aligned_neurons(model: MLP, X, tol: float = 1e-9) -> tuple[MLP, pd.DataFrame]:
-    """Delete dead neurons and merge neurons with proportional σ-vectors (THEORY.md Part 3 §5a).
+    """Delete dead neurons and merge neurons with proportional σ-vectors (docs/theory/sparsity.md §5a).
 
     In each hidden layer (in order), neurons whose σ-vectors ``a_i = σ(Z_l)[:, i]`` have cosine >= 1 - tol
     with a group leader s are merged: ``c_i = ⟨a_i, s⟩/‖s‖²``, ``w = w_r/c_r`` with ``r = argmin ‖w_i‖/c_i``,
@@ -71,8 +60,16 @@ def merge_aligned_neurons(model: MLP, X, tol: float = 1e-9) -> tuple[MLP, pd.Dat
     positive("tol", tol)
     lay = layers(model, X)
     W, ref = list(lay.weights), lay.pre[-1]
-    rows = [{"layer": 0, "width_before": None, "dead": None, "width_after": None, "sq_norm": _sq_norm(W),
-             "output_error": 0.0}]
+    rows = [
+        {
+            "layer": 0,
+            "width_before": None,
+            "dead": None,
+            "width_after": None,
+            "sq_norm": _sq_norm(W),
+            "output_error": 0.0,
+        }
+    ]
     for l in range(1, model.depth):
         S = model.sigma(layers(model, X, W).pre[l - 1], l)
         norms = S.norm(dim=0)
@@ -97,12 +94,23 @@ def merge_aligned_neurons(model: MLP, X, tol: float = 1e-9) -> tuple[MLP, pd.Dat
             W_in.append(t * w)
             W_out.append(u / t)
         n_out = W[l].shape[0]
-        W = _replace_layer(W, l, torch.stack(W_in) if W_in else torch.zeros(0, W[l - 1].shape[1], dtype=torch.float64),
-                           torch.stack(W_out, dim=1) if W_out else torch.zeros(n_out, 0, dtype=torch.float64),
-                           model.bias > 0)
-        rows.append({"layer": l, "width_before": S.shape[1], "dead": S.shape[1] - len(alive),
-                     "width_after": W[l - 1].shape[0], "sq_norm": _sq_norm(W),
-                     "output_error": _output_error(model, X, W, ref)})
+        W = _replace_layer(
+            W,
+            l,
+            torch.stack(W_in) if W_in else torch.zeros(0, W[l - 1].shape[1], dtype=torch.float64),
+            torch.stack(W_out, dim=1) if W_out else torch.zeros(n_out, 0, dtype=torch.float64),
+            model.bias > 0,
+        )
+        rows.append(
+            {
+                "layer": l,
+                "width_before": S.shape[1],
+                "dead": S.shape[1] - len(alive),
+                "width_after": W[l - 1].shape[0],
+                "sq_norm": _sq_norm(W),
+                "output_error": _output_error(model, X, W, ref),
+            }
+        )
     return mlp_with_weights(model, W), pd.DataFrame(rows[1:])
 
 
@@ -126,15 +134,14 @@ def pair_factor(Z: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
     step = max(1, 4 * Z.shape[1])
     for iu, coef, R in blocks:
         for k in range(0, iu.shape[1], step):
-            i, j = iu[0, k:k + step], iu[1, k:k + step]
-            rows = coef[k:k + step, None] * R[i] * R[j]
+            i, j = iu[0, k : k + step], iu[1, k : k + step]
+            rows = coef[k : k + step, None] * R[i] * R[j]
             acc = torch.linalg.qr(torch.cat([acc, rows]), mode="r").R
     return acc
 
 
 def null_space(R: torch.Tensor, rtol: float = NULL_RTOL) -> tuple[torch.Tensor, int]:
     """Orthonormal basis (n x k) of ``{φ: ‖Rφ‖ <= rtol·‖R‖_op}`` and the numerical rank n - k."""
-    n = R.shape[1]
     _, s, Vh = torch.linalg.svd(R, full_matrices=True)
     rank = int((s > rtol * s[0]).sum()) if s.numel() and s[0] > 0 else 0
     return Vh[rank:].T, rank
@@ -146,7 +153,7 @@ def caratheodory_weights(null: torch.Tensor) -> torch.Tensor:
 
     φ is signed so that its pivot, the entry with the largest |φ_i|/a_i, is positive: the step
     t = min_{φ_i>0} a_i/φ_i is then at most a_pivot/|φ_pivot|, which keeps the error of an approximate
-    null vector from being amplified (partial pivoting; THEORY only asks for some positive entry).
+    null vector from being amplified (partial pivoting; the paper only asks for some positive entry).
     """
     a = torch.ones(null.shape[0], dtype=torch.float64)
     Phi = null.clone()
@@ -164,14 +171,14 @@ def caratheodory_weights(null: torch.Tensor) -> torch.Tensor:
         i = int(torch.argmin(ratio))
         a = (a - ratio[i] * phi).clamp_min(0.0)
         a[i] = 0.0
-        Phi[:, j + 1:] -= torch.outer(phi / phi[i], Phi[i, j + 1:])
-        Phi[i, j + 1:] = 0.0
+        Phi[:, j + 1 :] -= torch.outer(phi / phi[i], Phi[i, j + 1 :])
+        Phi[i, j + 1 :] = 0.0
     a[a <= 1e-13] = 0.0
     return a
 
 
 def caratheodory_reduce(model: MLP, X, rtol: float = NULL_RTOL) -> tuple[MLP, pd.DataFrame]:
-    """Exact width reduction keeping every hidden layer's covariance pair (THEORY.md Part 3 §5b, Lemma 10).
+    """Exact width reduction keeping every hidden layer's covariance pair (docs/theory/sparsity.md §5b, Lemma 10).
 
     For each hidden layer l in order: drop dead neurons (zero σ-vector), find the null space of the
     pair vectors ``P_i = (z_i z_iᵀ, σ(z_i)σ(z_i)ᵀ)`` (`pair_factor`, singular values <= rtol·max), and run
@@ -201,8 +208,15 @@ def caratheodory_reduce(model: MLP, X, rtol: float = NULL_RTOL) -> tuple[MLP, pd
         null, rank = null_space(pair_factor(Za, Sa), rtol) if alive.numel() else (torch.zeros(0, 0), 0)
         row = {"layer": l, "width_before": Z.shape[1], "dead": Z.shape[1] - alive.numel(), "rank": rank}
         if alive.numel() == Z.shape[1] and null.shape[1] == 0:
-            rows.append(row | {"width_after": Z.shape[1], "gram_error": 0.0, "sq_norm": _sq_norm(W),
-                               "output_error": _output_error(model, X, W, ref)})
+            rows.append(
+                row
+                | {
+                    "width_after": Z.shape[1],
+                    "gram_error": 0.0,
+                    "sq_norm": _sq_norm(W),
+                    "output_error": _output_error(model, X, W, ref),
+                }
+            )
             continue
         a = caratheodory_weights(null) if null.shape[1] else torch.ones(alive.numel(), dtype=torch.float64)
         keep = torch.nonzero(a > 0).flatten()
@@ -218,18 +232,26 @@ def caratheodory_reduce(model: MLP, X, rtol: float = NULL_RTOL) -> tuple[MLP, pd
         else:
             W = _replace_layer(W, l, W_in, torch.zeros(Z_next.shape[1], 0, dtype=torch.float64), model.bias > 0)
         K, Kr = Za @ Za.T, Zr @ Zr.T
-        Ks, Ksr = Sa @ Sa.T, Ar[:, : n_keep] @ Ar[:, : n_keep].T
-        gram = max(float((Kr - K).norm() / K.norm().clamp_min(1e-300)),
-                   float((Ksr - Ks).norm() / Ks.norm().clamp_min(1e-300)))
-        rows.append(row | {"width_after": W[l - 1].shape[0], "gram_error": gram, "sq_norm": _sq_norm(W),
-                           "output_error": _output_error(model, X, W, ref)})
+        Ks, Ksr = Sa @ Sa.T, Ar[:, :n_keep] @ Ar[:, :n_keep].T
+        gram = max(
+            float((Kr - K).norm() / K.norm().clamp_min(1e-300)), float((Ksr - Ks).norm() / Ks.norm().clamp_min(1e-300))
+        )
+        rows.append(
+            row
+            | {
+                "width_after": W[l - 1].shape[0],
+                "gram_error": gram,
+                "sq_norm": _sq_norm(W),
+                "output_error": _output_error(model, X, W, ref),
+            }
+        )
     return mlp_with_weights(model, W), pd.DataFrame(rows)
 
 
 # ------------------------------------------------------------------------ 5c: pattern merge
 def pattern_merge(model: MLP, X) -> tuple[MLP, pd.DataFrame]:
     """Merge the neurons of a shallow ReLU net with scalar output that share their training activation
-    pattern and the sign of their output weight (THEORY.md Part 3 §5c, Prop. 15).
+    pattern and the sign of their output weight (docs/theory/sparsity.md §5c, Prop. 15).
 
     With ``v = Σ |c_i| w_i`` over a group (w_i: incoming row incl. bias, c_i: output weight), the group acts
     on every training point as ``sign(c)·relu(vᵀx̃)``; the new neuron has incoming ``v/√‖v‖`` and outgoing
@@ -239,8 +261,10 @@ def pattern_merge(model: MLP, X) -> tuple[MLP, pd.DataFrame]:
     """
     X, _ = check_inputs(model, X, homogeneous=True)
     if model.depth != 2 or model.leak != 0.0 or model.dims[-1] != 1 or model.linear_tail:
-        raise FeaturelabError(f"pattern_merge needs a depth-2 ReLU MLP with d_out=1, got dims={model.dims}, "
-                              f"leak={model.leak}, linear_tail={model.linear_tail}")
+        raise FeaturelabError(
+            f"pattern_merge needs a depth-2 ReLU MLP with d_out=1, got dims={model.dims}, "
+            f"leak={model.leak}, linear_tail={model.linear_tail}"
+        )
     lay = layers(model, X)
     W1, W2 = lay.weights
     n = W1.shape[0]
@@ -255,11 +279,25 @@ def pattern_merge(model: MLP, X) -> tuple[MLP, pd.DataFrame]:
         root = v.norm().sqrt()
         W_in.append(v / root)
         W_out.append(root if positive_c else -root)
-    W = _replace_layer(lay.weights, 1, torch.stack(W_in) if W_in else torch.zeros(0, W1.shape[1], dtype=torch.float64),
-                       torch.stack(W_out)[None, :] if W_out else torch.zeros(1, 0, dtype=torch.float64), model.bias > 0)
-    report = pd.DataFrame([{"layer": 1, "width_before": n, "width_after": W[0].shape[0],
-                            "sq_norm_before": _sq_norm(lay.weights), "sq_norm": _sq_norm(W),
-                            "output_error": _output_error(model, X, W, lay.pre[-1])}])
+    W = _replace_layer(
+        lay.weights,
+        1,
+        torch.stack(W_in) if W_in else torch.zeros(0, W1.shape[1], dtype=torch.float64),
+        torch.stack(W_out)[None, :] if W_out else torch.zeros(1, 0, dtype=torch.float64),
+        model.bias > 0,
+    )
+    report = pd.DataFrame(
+        [
+            {
+                "layer": 1,
+                "width_before": n,
+                "width_after": W[0].shape[0],
+                "sq_norm_before": _sq_norm(lay.weights),
+                "sq_norm": _sq_norm(W),
+                "output_error": _output_error(model, X, W, lay.pre[-1]),
+            }
+        ]
+    )
     return mlp_with_weights(model, W), report
 
 
@@ -275,3 +313,26 @@ def pad_width(model: MLP, extra: int) -> MLP:
         n = W[l - 1].shape[0] - extra
         W[l] = torch.cat([W[l][:, :n], torch.zeros(W[l].shape[0], extra, dtype=torch.float64), W[l][:, n:]], dim=1)
     return mlp_with_weights(model, W)
+
+
+def ray_share(Z: torch.Tensor, cosine: float) -> float:
+    """Share of alive neurons whose nearest other alive neuron has cosine >= `cosine` (Part 3 §6 Fig. 1).
+
+    Z: ``N x n`` pre-activations (neuron j is column j, the papers' row j). Alive: ‖relu(z_j)‖ > 1e-6 of the
+    largest (the L2 penalty shrinks unused neurons toward 0, where their direction is meaningless).
+    """
+    alive = torch.relu(Z).norm(dim=0)
+    keep = alive > 1e-6 * alive.max()
+    U = Z[:, keep] / Z[:, keep].norm(dim=0)
+    if U.shape[1] < 2:
+        return 0.0
+    C = U.T @ U
+    C.fill_diagonal_(-2.0)
+    return float((C.max(dim=1).values >= cosine).double().mean())
+
+
+def class_separation(Z: torch.Tensor, labels: torch.Tensor) -> float:
+    """Nearest-class-mean accuracy of the rows of Z (N x n) on their own labels."""
+    classes = labels.unique()
+    means = torch.stack([Z[labels == c].mean(0) for c in classes])
+    return float((classes[torch.cdist(Z, means).argmin(1)] == labels).double().mean())

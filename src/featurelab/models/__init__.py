@@ -1,7 +1,27 @@
-"""Models: deep fully-connected nets and Leaky ResNets (rows are samples)."""
-from .leaky_resnet import (LeakyResNet, adaptive_update, equidistant_steps, irregular_steps,
-                           project_steps)
-from .mlp import MLP, Forward, leaky_relu
+"""Models: deep fully-connected nets, Leaky ResNets and homogeneous conv/residual nets (rows are samples)."""
 
-__all__ = ["MLP", "Forward", "leaky_relu", "LeakyResNet", "equidistant_steps", "irregular_steps",
-           "adaptive_update", "project_steps"]
+from .conv import Conv
+from .leaky_resnet import LeakyResNet, adaptive_update, equidistant_steps, irregular_steps, project_steps
+from .mlp import MLP, Forward, leaky_relu, mlp_with_weights
+from .residual import Dense, Flatten, HomogeneousNet, ResBlock, as_homogeneous
+
+__all__ = [
+    # fully-connected nets (Parts 2-5)
+    "MLP",
+    "Forward",
+    "leaky_relu",
+    "mlp_with_weights",
+    # Leaky ResNets and their layer steps (Part 1)
+    "LeakyResNet",
+    "equidistant_steps",
+    "irregular_steps",
+    "adaptive_update",
+    "project_steps",
+    # homogeneous conv and residual nets (Part 5)
+    "HomogeneousNet",
+    "Conv",
+    "Dense",
+    "Flatten",
+    "ResBlock",
+    "as_homogeneous",
+]

@@ -1,4 +1,4 @@
-"""Bias-free convolutional layers and their matrix unfoldings (THEORY.md Part 5 §1, §4; Le & Jegelka).
+"""Bias-free convolutional layers and their matrix unfoldings (docs/theory/invariances.md §1, §4; Le & Jegelka).
 
 Images are ``N x c x H x W`` (PyTorch layout). A kernel ``K`` is ``c_out x c_in x k_h x k_w``. Part 5 §1
 reads a kernel through two matrices whose rows/columns are channels:
@@ -13,6 +13,7 @@ and an FC layer ``W`` (``m x c·S``) reading a conv output flattened channel-maj
 Theorem 1 compares ``B`` of one layer with ``A`` of the next; §4's switch costs bound
 ``‖B‖²_op <= r·‖A‖²_op`` with r = min(c_in, k_h k_w) (conv) and r = min(c, S) (FC after conv).
 """
+
 from __future__ import annotations
 
 import math
@@ -77,11 +78,26 @@ class Conv(nn.Module):
     ``forward`` maps ``N x c_in x H x W`` to the pre-activation ``N x c_out x H' x W'``; `act` applies σ.
     """
 
-    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, padding: int = 0, leak=0.0,
-                 init_scale: float = 1.0, generator: torch.Generator | None = None, dtype=torch.float64):
+    def __init__(
+        self,
+        c_in: int,
+        c_out: int,
+        kernel: int,
+        stride: int = 1,
+        padding: int = 0,
+        leak=0.0,
+        init_scale: float = 1.0,
+        generator: torch.Generator | None = None,
+        dtype=torch.float64,
+    ):
         super().__init__()
-        for name, v, low in (("c_in", c_in, 1), ("c_out", c_out, 1), ("kernel", kernel, 1), ("stride", stride, 1),
-                             ("padding", padding, 0)):
+        for name, v, low in (
+            ("c_in", c_in, 1),
+            ("c_out", c_out, 1),
+            ("kernel", kernel, 1),
+            ("stride", stride, 1),
+            ("padding", padding, 0),
+        ):
             int_at_least(name, v, low)
         non_negative("init_scale", init_scale)
         self.stride, self.padding = stride, padding

@@ -1,4 +1,4 @@
-"""Leaky ResNets with layer steps (THEORY.md Part 1 §1-§2; Jacot & Kaiser, arXiv 2405.17573 §2, §4).
+"""Leaky ResNets with layer steps (docs/theory/leaky-resnets.md §1-§2; Jacot & Kaiser, arXiv 2405.17573 §2, §4).
 
 Rows are samples. With ``A_l`` the ``N x w`` representation after step l and
 ``σ(A) = [ReLU(A), 1]`` (``N x (w+1)``), the network is the explicit Euler scheme
@@ -7,8 +7,9 @@ Rows are samples. With ``A_l`` the ``N x w`` representation after step l and
 
 with ``W_l`` of shape ``w x (w+1)`` (last column = bias), steps ``ρ_l > 0`` (normally Σρ = 1), and
 effective depth L̃. Its regularizer is ``R = λ/(2L̃) Σ_l ρ_l ‖W_l‖²_F`` (+ ``(λ/2)(‖U_in‖² + ‖V_out‖²)``
-when the io maps are learned). THEORY.md writes columns; every tensor here is the transpose.
+when the io maps are learned). the papers write columns; every tensor here is the transpose.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,7 +48,8 @@ def project_steps(rho: torch.Tensor, low: float, high: float, max_iter: int = 10
     if L * low > 1 + 1e-12 or L * high < 1 - 1e-12:
         raise FeaturelabError(
             f"steps cannot satisfy {low:.4g} <= rho_l <= {high:.4g} with sum 1 for L={L}; "
-            "the adaptive scheme needs L >= effective_depth/0.9")
+            "the adaptive scheme needs L >= effective_depth/0.9"
+        )
     rho = rho.clone().to(torch.float64)
     for _ in range(max_iter):
         rho = rho.clamp(low, high)
@@ -65,10 +67,12 @@ def adaptive_update(rho: torch.Tensor, reps: list[torch.Tensor]) -> torch.Tensor
     ``c̃_l = ρ_l ‖A_l‖ / max(‖A_l - A_{l-1}‖, 1e-12)``, returns ``c̃ / Σc̃``. `reps` is ``[A_0..A_L]``.
     Equal relative increments ``‖A_l - A_{l-1}‖/‖A_l‖`` are its fixed point.
     """
-    c = torch.stack([
-        rho[l - 1] * reps[l].norm() / torch.clamp((reps[l] - reps[l - 1]).norm(), min=1e-12)
-        for l in range(1, len(reps))
-    ]).to(torch.float64)
+    c = torch.stack(
+        [
+            rho[l - 1] * reps[l].norm() / torch.clamp((reps[l] - reps[l - 1]).norm(), min=1e-12)
+            for l in range(1, len(reps))
+        ]
+    ).to(torch.float64)
     return c / c.sum()
 
 
@@ -97,10 +101,21 @@ class LeakyResNet(nn.Module):
     ``V_out`` (d_out x w), ``rho_history`` (list of ρ vectors after each adaptive update).
     """
 
-    def __init__(self, d_in: int, d_out: int, width: int, depth: int, effective_depth: float,
-                 steps: str | torch.Tensor = "equidistant", irregular_a: float = 0.5, io: str = "fixed",
-                 init: str = "identity", allow_invalid_steps: bool = False, seed: int = 0,
-                 dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        width: int,
+        depth: int,
+        effective_depth: float,
+        steps: str | torch.Tensor = "equidistant",
+        irregular_a: float = 0.5,
+        io: str = "fixed",
+        init: str = "identity",
+        allow_invalid_steps: bool = False,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ):
         super().__init__()
         int_at_least("depth", depth, 1)
         int_at_least("width", width, 1)
@@ -147,7 +162,8 @@ class LeakyResNet(nn.Module):
             raise FeaturelabError(
                 f"steps: max rho_l*effective_depth = {worst:.4g} >= 1 (scheme {self.scheme!r}, L={self.depth}, "
                 f"effective_depth={self.effective_depth:g}); use more steps (depth), a smaller effective_depth, "
-                "or allow_invalid_steps=True")
+                "or allow_invalid_steps=True"
+            )
 
     @property
     def positions(self) -> torch.Tensor:
@@ -173,8 +189,9 @@ class LeakyResNet(nn.Module):
         """σ(A) = [ReLU(A), 1] (N x (w+1))."""
         return torch.cat([torch.relu(A), torch.ones_like(A[:, :1])], dim=1)
 
-    def representations(self, X: torch.Tensor, rho: torch.Tensor | None = None,
-                        A0: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def representations(
+        self, X: torch.Tensor, rho: torch.Tensor | None = None, A0: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
         """``[A_0, ..., A_L]``, each N x w. `rho` overrides the stored steps (any positive values,
         e.g. a leaf tensor for ∂𝓛/∂ρ); `A0` overrides ``X U_inᵀ`` (e.g. a leaf for ∂C/∂A_0)."""
         rho = self.rho if rho is None else rho
@@ -207,5 +224,7 @@ class LeakyResNet(nn.Module):
         return R
 
     def extra_repr(self) -> str:
-        return (f"d_in={self.d_in}, d_out={self.d_out}, width={self.width}, depth={self.depth}, "
-                f"effective_depth={self.effective_depth:g}, steps={self.scheme!r}, io={self.io!r}")
+        return (
+            f"d_in={self.d_in}, d_out={self.d_out}, width={self.width}, depth={self.depth}, "
+            f"effective_depth={self.effective_depth:g}, steps={self.scheme!r}, io={self.io!r}"
+        )

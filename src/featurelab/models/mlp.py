@@ -1,8 +1,8 @@
-"""Deep fully-connected networks with homogeneous activations (THEORY.md Parts 2-5).
+"""Deep fully-connected networks with homogeneous activations (docs/theory (parts 2-5)).
 
 Rows are samples: ``model(X)`` maps ``N x d_in`` to ``N x d_out``.
 
-Layer ``l = 1..L`` (L = `depth`, the number of weight matrices) computes, in THEORY.md Part 3 §1's
+Layer ``l = 1..L`` (L = `depth`, the number of weight matrices) computes, in docs/theory/sparsity.md §1's
 notation with rows for samples,
 
     Z_l = [Zσ_{l-1}, β·1] @ W_lᵀ,     Zσ_l = σ(Z_l)  (hidden layers),     output Z_L,
@@ -13,6 +13,7 @@ usual ``W α + b`` of Part 2 §1. The activation is the leaky-ReLU family σ_a(x
 otherwise (a = 0: ReLU, a = 1: linear, a ∈ (-1, 1) in Part 2); σ'(0) = a, as torch's ReLU has
 σ'(0) = 0 (Part 4 §8.4). ``activation="tanh"`` exists for the checks that need a non-homogeneous net.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,7 +52,7 @@ def leaky_relu(x: torch.Tensor, leak: float) -> torch.Tensor:
 
 
 class MLP(nn.Module):
-    """Deep fully-connected network of `depth` weight matrices (THEORY.md Part 2 §1, Part 3 §1).
+    """Deep fully-connected network of `depth` weight matrices (docs/theory/bottleneck-rank.md §1, Part 3 §1).
 
     Args:
         d_in, d_out: input and output dimensions.
@@ -69,9 +70,21 @@ class MLP(nn.Module):
         dtype: torch.float32 (default) or torch.float64.
     """
 
-    def __init__(self, d_in: int, d_out: int, width: int | list[int], depth: int, leak: float = 0.0,
-                 bias: float = 0.0, init_scale: float = 1.0, init: str = "he", linear_tail: int = 0,
-                 activation: str = "leaky_relu", seed: int = 0, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        width: int | list[int],
+        depth: int,
+        leak: float = 0.0,
+        bias: float = 0.0,
+        init_scale: float = 1.0,
+        init: str = "he",
+        linear_tail: int = 0,
+        activation: str = "leaky_relu",
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ):
         super().__init__()
         int_at_least("depth", depth, 1)
         int_at_least("d_in", d_in, 1)
@@ -83,7 +96,8 @@ class MLP(nn.Module):
         widths = [width] * (depth - 1) if isinstance(width, int) else list(width)
         if len(widths) != depth - 1 or any(not isinstance(w, int) or w < 1 for w in widths):
             raise FeaturelabError(
-                f"width={width!r} is not allowed for depth={depth}: give an int >= 1 or a list of {depth - 1} ints >= 1")
+                f"width={width!r} is not allowed for depth={depth}: give an int >= 1 or a list of {depth - 1} ints >= 1"
+            )
         if not 0 <= linear_tail <= depth:
             raise FeaturelabError(f"linear_tail={linear_tail!r} is not allowed: it must be in [0, depth={depth}]")
         self.dims = [d_in, *widths, d_out]
@@ -165,5 +179,28 @@ class MLP(nn.Module):
         return lam * self.sq_norm()
 
     def extra_repr(self) -> str:
-        return (f"dims={self.dims}, leak={self.leak}, bias={self.bias}, activation={self.activation}, "
-                f"linear_tail={self.linear_tail}")
+        return (
+            f"dims={self.dims}, leak={self.leak}, bias={self.bias}, activation={self.activation}, "
+            f"linear_tail={self.linear_tail}"
+        )
+
+
+def mlp_with_weights(model: MLP, weights: list[torch.Tensor]) -> MLP:
+    """A float64 `MLP` with `model`'s architecture (σ, β, linear tail) and the given weights (stored layout,
+    ``n_l x (n_{l-1}+1)`` with bias column when β > 0); hidden widths are read off the weights."""
+    widths = [int(W.shape[0]) for W in weights[:-1]]
+    new = MLP(
+        model.dims[0],
+        model.dims[-1],
+        widths,
+        model.depth,
+        leak=model.leak,
+        bias=model.bias,
+        linear_tail=model.linear_tail,
+        activation=model.activation,
+        dtype=torch.float64,
+    )
+    with torch.no_grad():
+        for p, W in zip(new.weights, weights):
+            p.copy_(W)
+    return new

@@ -1,5 +1,5 @@
 """Bias-free homogeneous networks built from FC layers, conv layers and residual blocks, with scalar
-output (THEORY.md Part 5 §1; Le & Jegelka, ICLR 2022).
+output (docs/theory/invariances.md §1; Le & Jegelka, ICLR 2022).
 
 Rows are samples: ``HomogeneousNet(...)(X)`` maps ``N x d_in`` to ``N x 1`` (a conv stack reads each row
 as a channel-major ``c x H x W`` image). Every activation is unit-wise leaky ReLU with slope `leak` for
@@ -11,6 +11,7 @@ Residual blocks (x ∈ R^a, V_1 ∈ R^{b x a}; Part 5 §1), with rows for sample
     diagonal: r(x) = σ_out(σ_in(x V_1ᵀ) V_2ᵀ + x ∘ d)      D = diag(d) learnable,
     free:     r(x) = σ_out(σ_in(x V_1ᵀ) V_2ᵀ + x V_3ᵀ)     V_2 ∈ R^{c x b}, V_3 ∈ R^{c x a}.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,16 @@ class Dense(nn.Module):
     """Bias-free FC layer ``z = a Wᵀ`` (W: ``d_out x d_in``) followed by unit-wise σ with slope `leak`
     (a number or ``d_out`` numbers; 0 ReLU, 1 linear). ``weight=`` reuses an existing Parameter."""
 
-    def __init__(self, d_in: int, d_out: int, leak=0.0, init_scale: float = 1.0,
-                 generator: torch.Generator | None = None, dtype=torch.float64, weight: nn.Parameter | None = None):
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        leak=0.0,
+        init_scale: float = 1.0,
+        generator: torch.Generator | None = None,
+        dtype=torch.float64,
+        weight: nn.Parameter | None = None,
+    ):
         super().__init__()
         int_at_least("d_in", d_in, 1)
         int_at_least("d_out", d_out, 1)
@@ -75,8 +84,18 @@ class ResBlock(nn.Module):
     ``forward(x)`` returns ``(z_hidden, z_out)`` pre-activations; ``act_in``/``act_out`` apply σ.
     """
 
-    def __init__(self, kind: str, a: int, b: int, c: int | None = None, sigma_in="relu", sigma_out="linear",
-                 init_scale: float = 1.0, generator: torch.Generator | None = None, dtype=torch.float64):
+    def __init__(
+        self,
+        kind: str,
+        a: int,
+        b: int,
+        c: int | None = None,
+        sigma_in="relu",
+        sigma_out="linear",
+        init_scale: float = 1.0,
+        generator: torch.Generator | None = None,
+        dtype=torch.float64,
+    ):
         super().__init__()
         one_of("kind", kind, BLOCK_KINDS)
         c = a if c is None else c
@@ -151,8 +170,12 @@ class HomogeneousNet(nn.Module):
     def __init__(self, stages: list[nn.Module], input_shape: tuple[int, int, int] | None = None):
         super().__init__()
         self.stages = nn.ModuleList(stages)
-        if not stages or not isinstance(stages[-1], Dense) or stages[-1].weight.shape[0] != 1 \
-                or float(stages[-1].leak[0]) != 1.0:
+        if (
+            not stages
+            or not isinstance(stages[-1], Dense)
+            or stages[-1].weight.shape[0] != 1
+            or float(stages[-1].leak[0]) != 1.0
+        ):
             raise FeaturelabError("stages must end with Dense(n, 1, leak=1.0): Part 5 networks have one linear output")
         if input_shape is not None:
             shape = tuple(input_shape)
@@ -247,5 +270,7 @@ def as_homogeneous(model: nn.Module) -> HomogeneousNet:
             leak = 1.0 if l == model.depth or l > model.depth - model.linear_tail else model.leak
             stages.append(Dense(W.shape[1], W.shape[0], leak, weight=W))
         return HomogeneousNet(stages)
-    raise FeaturelabError(f"model of type {type(model).__name__} is not covered by Part 5 tools: give a "
-                          "HomogeneousNet or a bias-free leaky-ReLU MLP with one output")
+    raise FeaturelabError(
+        f"model of type {type(model).__name__} is not covered by Part 5 tools: give a "
+        "HomogeneousNet or a bias-free leaky-ReLU MLP with one output"
+    )

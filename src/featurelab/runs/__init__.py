@@ -1,9 +1,7 @@
-"""Run records: atomic I/O, claims, figures, the sweep mechanism, the runner and HTML reports."""
-from .claims import Claim, claim, fmt
-from .figures import save_figure
+"""Run folders: the runner, the sweep that distributes an experiment's units, and HTML reports."""
+
 from .report import render_report
 from .runner import RunRecord, resolve_config, run_experiment
 from .sweep import SweepOutcome, run_units
 
-__all__ = ["Claim", "claim", "fmt", "save_figure", "render_report", "RunRecord", "resolve_config",
-           "run_experiment", "SweepOutcome", "run_units"]
+__all__ = ["run_experiment", "render_report", "RunRecord", "resolve_config", "SweepOutcome", "run_units"]

@@ -14,6 +14,7 @@ Ray is an optional extra: ``pip install "featurelab[ray]"``. The cluster's nodes
 installed (same version); connect with ``address`` (``HOST:PORT``) or ``RAY_ADDRESS``; with neither, a
 local Ray instance is started. If Ray is already initialised in this process, that connection is used.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import FeaturelabError
-from .io import write_bytes
+from ..io import write_bytes
+from .work import UnitOutcome, WorkItem, execute
 
 
 def _ray():
@@ -40,11 +42,17 @@ def connect(address: str | None = None):
     ray = _ray()
     if not ray.is_initialized():
         try:
-            ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, log_to_driver=False,
-                     include_dashboard=False, configure_logging=False)
+            ray.init(
+                address=address or os.environ.get("RAY_ADDRESS") or None,
+                log_to_driver=False,
+                include_dashboard=False,
+                configure_logging=False,
+            )
         except Exception as exc:
-            raise FeaturelabError(f"could not connect to a Ray cluster at address={address or os.environ.get('RAY_ADDRESS')!r}: "
-                                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+            raise FeaturelabError(
+                f"could not connect to a Ray cluster at address={address or os.environ.get('RAY_ADDRESS')!r}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from None
     return ray
 
 
@@ -62,31 +70,31 @@ def unpack(files: dict[str, bytes], folder: Path) -> None:
         write_bytes(Path(folder) / rel, files[rel])
 
 
-def run_remote(exp, cfg_dict, units, files_in, device, resume, threads):
+def run_remote(item: WorkItem, files_in: list[dict[str, bytes]]):
     """The task body: run the item in a scratch folder; return its outcomes and the files written."""
-    from .sweep import execute_item
-
     with tempfile.TemporaryDirectory(prefix="featurelab-ray-") as tmp:
-        folders = [Path(tmp) / u["id"] for u in units]
+        folders = [Path(tmp) / u["id"] for u in item.units]
         for folder, files in zip(folders, files_in):
             unpack(files, folder)
-        outcomes = execute_item(exp, cfg_dict, units, [str(f) for f in folders], device, resume, threads)
+        outcomes = execute(item.with_folders(folders))
         return outcomes, [pack(f) for f in folders]
 
 
-def run_items(args: list[tuple], run_dir: Path, record, *, address: str | None, retries: int, threads: int,
-              show: bool) -> None:
-    """Submit each work item in `args` (the arguments of `featurelab.runs.sweep.execute_item`) as a Ray
-    task with `retries` retries; write each finished item's files under `run_dir` and pass its outcomes
-    to `record`. An item whose task still fails is recorded as failed for each of its units."""
+def run_items(
+    items: list[WorkItem], run_dir: Path, record, *, address: str | None, retries: int, threads: int, show: bool
+) -> None:
+    """Submit each work item as a Ray task with `retries` retries; write each finished item's files
+    under `run_dir` and pass its outcomes to `record`. An item whose task still fails is recorded as
+    failed for each of its units."""
     ray = connect(address)
-    device = args[0][4] if args else "cpu"
-    task = ray.remote(run_remote).options(max_retries=retries, num_cpus=threads,
-                                          num_gpus=1 if str(device).startswith("cuda") else 0)
+    device = items[0].device if items else "cpu"
+    task = ray.remote(run_remote).options(
+        max_retries=retries, num_cpus=threads, num_gpus=1 if str(device).startswith("cuda") else 0
+    )
     refs = {}
-    for exp, cfg_dict, units, folders, dev, resume, thr in args:
-        ref = task.remote(exp, cfg_dict, units, [pack(Path(f)) for f in folders], dev, resume, thr)
-        refs[ref] = (units, folders)
+    for item in items:
+        ref = task.remote(item, [pack(Path(f)) for f in item.folders])
+        refs[ref] = (item.units, item.folders)
     bar = tqdm(total=len(refs), desc="ray", disable=not show, leave=False)
     waiting = list(refs)
     while waiting:
@@ -96,8 +104,14 @@ def run_items(args: list[tuple], run_dir: Path, record, *, address: str | None, 
             outcomes, files = ray.get(done[0])
         except Exception as exc:  # the task failed after its retries (worker or node died)
             msg = (str(exc).strip().splitlines() or [""])[0]
-            record([(u["id"], None, f"ray task failed after {retries} retries: {type(exc).__name__}: {msg}", 0.0)
-                    for u in units])
+            record(
+                [
+                    UnitOutcome(
+                        u["id"], None, f"ray task failed after {retries} retries: {type(exc).__name__}: {msg}", 0.0
+                    )
+                    for u in units
+                ]
+            )
         else:
             for folder, fs in zip(folders, files):
                 unpack(fs, Path(folder))

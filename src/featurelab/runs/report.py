@@ -1,5 +1,6 @@
 """The self-contained ``report.html`` of a run: figures inline, claims table, tables, config,
 versions and timings. It is rebuilt from the run folder's files alone (``featurelab report DIR``)."""
+
 from __future__ import annotations
 
 import base64
@@ -10,12 +11,13 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import FeaturelabError
-from .io import read_json, write_text
+from ..io import read_json, write_text
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;font-size:.9em;margin:.6em 0}td,th{border:1px solid #ccc;padding:.3em .5em;vertical-align:top}
+table{border-collapse:collapse;font-size:.9em;margin:.6em 0}
+td,th{border:1px solid #ccc;padding:.3em .5em;vertical-align:top}
 th{background:#f4f4f4}tr.pass td.verdict{background:#dff5df;color:#145214;font-weight:bold}
 tr.fail td.verdict{background:#fbdcdc;color:#8a1010;font-weight:bold}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
@@ -28,13 +30,18 @@ def _esc(x) -> str:
 
 
 def _claims_table(claims: list[dict]) -> str:
-    head = "<tr><th>#</th><th>statement</th><th>reference</th><th>expected</th><th>measured</th><th>tolerance</th><th>pass</th></tr>"
+    head = "".join(
+        f"<th>{h}</th>" for h in ("#", "statement", "reference", "expected", "measured", "tolerance", "pass")
+    )
+    head = f"<tr>{head}</tr>"
     rows = []
     for i, c in enumerate(claims, 1):
         cls = "pass" if c["passed"] else "fail"
-        rows.append(f"<tr class='{cls}'><td>{i}</td><td>{_esc(c['statement'])}</td><td>{_esc(c['reference'])}</td>"
-                    f"<td>{_esc(c['expected'])}</td><td>{_esc(c['measured'])}</td><td>{_esc(c['tolerance'])}</td>"
-                    f"<td class='verdict'>{'PASS' if c['passed'] else 'FAIL'}</td></tr>")
+        rows.append(
+            f"<tr class='{cls}'><td>{i}</td><td>{_esc(c['statement'])}</td><td>{_esc(c['reference'])}</td>"
+            f"<td>{_esc(c['expected'])}</td><td>{_esc(c['measured'])}</td><td>{_esc(c['tolerance'])}</td>"
+            f"<td class='verdict'>{'PASS' if c['passed'] else 'FAIL'}</td></tr>"
+        )
     return f"<table>{head}{''.join(rows)}</table>"
 
 
@@ -42,23 +49,31 @@ def render_report(run_dir: str | Path) -> Path:
     """Write ``run_dir/report.html`` from the run's files and return its path."""
     run = Path(run_dir)
     if not (run / "results.json").exists():
-        raise FeaturelabError(f"run folder '{run}' has no results.json: it is not a finished featurelab run "
-                              "(finish it with `featurelab run EXP --out DIR --resume`)")
+        raise FeaturelabError(
+            f"run folder '{run}' has no results.json: it is not a finished featurelab run "
+            "(finish it with `featurelab run EXP --out DIR --resume`)"
+        )
     results = read_json(run / "results.json")
     claims = read_json(run / "claims.json") if (run / "claims.json").exists() else []
     config_text = (run / "config.yaml").read_text() if (run / "config.yaml").exists() else ""
     n_pass = sum(c["passed"] for c in claims)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>featurelab: {_esc(results['experiment'])}</title>"
-             f"<style>{STYLE}</style></head><body>",
-             f"<h1>{_esc(results['experiment'])} <small>({_esc(results['preset'])})</small></h1>",
-             f"<p>{_esc(results.get('summary_text', ''))}</p><p><b>Reference:</b> {_esc(results.get('reference', ''))}</p>",
-             f"<p class='summary'><b>Claims: {n_pass} of {len(claims)} pass.</b> "
-             f"Device {_esc(results.get('device'))}; {results.get('n_units', 0)} runs "
-             f"({len(results.get('failed', {}))} failed); wall time {results.get('seconds', 0):.1f} s.</p>",
-             "<h2>Claims</h2>", _claims_table(claims)]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>featurelab: {_esc(results['experiment'])}</title>"
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>{_esc(results['experiment'])} <small>({_esc(results['preset'])})</small></h1>",
+        f"<p>{_esc(results.get('summary_text', ''))}</p><p><b>Reference:</b> {_esc(results.get('reference', ''))}</p>",
+        f"<p class='summary'><b>Claims: {n_pass} of {len(claims)} pass.</b> "
+        f"Device {_esc(results.get('device'))}; {results.get('n_units', 0)} runs "
+        f"({len(results.get('failed', {}))} failed); wall time {results.get('seconds', 0):.1f} s.</p>",
+        "<h2>Claims</h2>",
+        _claims_table(claims),
+    ]
     if results.get("failed"):
-        parts.append("<h2>Failed runs</h2><ul>" + "".join(
-            f"<li><code>{_esc(k)}</code>: {_esc(v)}</li>" for k, v in results["failed"].items()) + "</ul>")
+        parts.append(
+            "<h2>Failed runs</h2><ul>"
+            + "".join(f"<li><code>{_esc(k)}</code>: {_esc(v)}</li>" for k, v in results["failed"].items())
+            + "</ul>"
+        )
     if results.get("notes"):
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_esc(n)}</li>" for n in results["notes"]) + "</ul>")
     figs = sorted((run / "figures").glob("*.png")) if (run / "figures").exists() else []
@@ -66,22 +81,31 @@ def render_report(run_dir: str | Path) -> Path:
         parts.append("<h2>Figures</h2>")
         for f in figs:
             data = base64.b64encode(f.read_bytes()).decode()
-            parts.append(f"<figure><img alt='{_esc(f.stem)}' src='data:image/png;base64,{data}'>"
-                         f"<figcaption>{_esc(f.stem)} (also <code>figures/{_esc(f.stem)}.svg</code>)</figcaption></figure>")
+            parts.append(
+                f"<figure><img alt='{_esc(f.stem)}' src='data:image/png;base64,{data}'>"
+                f"<figcaption>{_esc(f.stem)} (also <code>figures/{_esc(f.stem)}.svg</code>)</figcaption></figure>"
+            )
     tables = sorted((run / "tables").glob("*.csv")) if (run / "tables").exists() else []
     for t in tables:
         df = pd.read_csv(t)
-        parts.append(f"<h2>Table: {_esc(t.stem)}</h2>" + df.to_html(index=False, float_format=lambda v: f"{v:.4g}",
-                                                                     border=0))
+        parts.append(
+            f"<h2>Table: {_esc(t.stem)}</h2>" + df.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+        )
     if results.get("summary"):
         parts.append("<h2>Summary</h2><pre>" + _esc(_pretty(results["summary"])) + "</pre>")
     parts.append("<h2>Config</h2><pre>" + _esc(config_text) + "</pre>")
     timings = results.get("unit_seconds", {})
     if timings:
-        parts.append("<h2>Timings</h2><table><tr><th>run</th><th>seconds</th></tr>" + "".join(
-            f"<tr><td>{_esc(k)}</td><td>{v:.2f}</td></tr>" for k, v in timings.items()) + "</table>")
-    parts.append("<h2>Versions</h2><table>" + "".join(
-        f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in results.get("versions", {}).items()) + "</table>")
+        parts.append(
+            "<h2>Timings</h2><table><tr><th>run</th><th>seconds</th></tr>"
+            + "".join(f"<tr><td>{_esc(k)}</td><td>{v:.2f}</td></tr>" for k, v in timings.items())
+            + "</table>"
+        )
+    parts.append(
+        "<h2>Versions</h2><table>"
+        + "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in results.get("versions", {}).items())
+        + "</table>"
+    )
     parts.append("</body></html>")
     path = run / "report.html"
     write_text(path, "\n".join(parts))

@@ -13,16 +13,15 @@ interrupted run is resumed one-by-one by `train`. A group whose forward cannot b
 model attribute used in Python control flow, say) falls back to one-by-one runs.
 
 Backends: "local" runs work items on worker processes, one torch thread each by default (featurelab's
-small matrices lose to thread overhead, so runs are parallelised across processes, THEORY.md Part 0);
+small matrices lose to thread overhead, so runs are parallelised across processes, docs/theory/conventions.md);
 "ray" runs each work item as a Ray task (`featurelab.runs.ray_backend`).
 """
+
 from __future__ import annotations
 
 import math
 import os
 import sys
-import time
-import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -30,8 +29,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..config import ExperimentConfig
 from ..errors import FeaturelabError
-from .io import read_json, write_json, write_text
+from ..experiments.base import Experiment
+from ..io import read_json
+from .work import UnitOutcome, WorkItem, execute, one_line
 
 BACKENDS = ("local", "ray")
 
@@ -53,82 +55,6 @@ def unit_dir(run_dir: Path, unit_id: str) -> Path:
     return Path(run_dir) / "units" / unit_id
 
 
-def _one_line(exc: BaseException) -> str:
-    return (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
-
-
-def execute_unit(exp, cfg_dict: dict, unit: dict, folder: str, device: str, resume: bool,
-                 threads: int, progress: bool = False) -> tuple[str, dict | None, str | None, float]:
-    """Run one unit of experiment `exp` (in this process or a worker) and write its ``result.json``.
-
-    Returns ``(id, result, error, seconds)``; exceptions are caught and returned as one-line errors.
-    """
-    from ..experiments.base import UnitContext
-    from ..runtime import set_threads
-
-    set_threads(threads)
-    t0 = time.perf_counter()
-    folder_p = Path(folder)
-    folder_p.mkdir(parents=True, exist_ok=True)
-    try:
-        cfg = exp.config.model_validate(cfg_dict)
-        result = exp.execute(cfg, unit, UnitContext(folder_p, device, resume, progress))
-        seconds = time.perf_counter() - t0
-        write_json(folder_p / "result.json", {"unit": unit, "seconds": seconds, "result": result})
-        return unit["id"], result, None, seconds
-    except Exception as exc:  # recorded, reported as failed, the sweep goes on
-        write_text(folder_p / "error.txt", traceback.format_exc())
-        return unit["id"], None, _one_line(exc), time.perf_counter() - t0
-
-
-def execute_ensemble(exp, cfg_dict: dict, units: list[dict], folders: list[str], device: str, threads: int,
-                     progress: bool = False) -> list[tuple[str, dict | None, str | None, float]]:
-    """Build `units` (fresh runs of equal `ensemble_key`), train them as one ensemble, ``finish`` each
-    and write each ``result.json``. Falls back to `execute_unit` per unit when the ensemble cannot run.
-    Returns one ``(id, result, error, seconds)`` per unit."""
-    from ..experiments.base import UnitContext
-    from ..runtime import set_threads
-    from ..training.ensemble import train_ensemble
-
-    set_threads(threads)
-    t0 = time.perf_counter()
-    cfg = exp.config.model_validate(cfg_dict)
-    paths = [Path(f) for f in folders]
-    for p in paths:
-        p.mkdir(parents=True, exist_ok=True)
-    try:
-        jobs = [exp.build(cfg, u) for u in units]
-        trained = train_ensemble([j.model for j in jobs], [j.data for j in jobs], [j.config for j in jobs],
-                                 device=device, run_dirs=paths, callbacks=[j.callbacks for j in jobs],
-                                 progress=progress)
-    except Exception:  # not batchable after all: one by one, from scratch (the reason kept in each folder)
-        for p in paths:
-            write_text(p / "ensemble_fallback.txt", traceback.format_exc())
-        return [execute_unit(exp, cfg_dict, u, f, device, False, threads, progress) for u, f in zip(units, folders)]
-    seconds = time.perf_counter() - t0
-    out = []
-    for unit, job, res, path in zip(units, jobs, trained, paths):
-        try:
-            if isinstance(res, Exception):
-                raise res
-            result = exp.finish(cfg, unit, job.model, res, UnitContext(path, device, False, progress))
-            write_json(path / "result.json", {"unit": unit, "seconds": seconds, "ensemble": len(units),
-                                              "result": result})
-            out.append((unit["id"], result, None, seconds))
-        except Exception as exc:
-            write_text(path / "error.txt", traceback.format_exc())
-            out.append((unit["id"], None, _one_line(exc), seconds))
-    return out
-
-
-def execute_item(exp, cfg_dict: dict, units: list[dict], folders: list[str], device: str, resume: bool,
-                 threads: int, progress: bool = False) -> list[tuple[str, dict | None, str | None, float]]:
-    """Run one work item: a single unit, or a batched ensemble of several."""
-    if len(units) == 1:
-        return [execute_unit(exp, cfg_dict, units[0], folders[0], device, resume, threads, progress)]
-    return execute_ensemble(exp, cfg_dict, units, folders, device, threads, progress)
-
-
 def check_backend(backend: str, retries: int) -> None:
     """A one-line error unless `backend` is one of `BACKENDS` and `retries` >= 0."""
     if backend not in BACKENDS:
@@ -143,7 +69,9 @@ def finished(run_dir: Path, unit_id: str) -> dict | None:
     return read_json(path)["result"] if path.exists() else None
 
 
-def plan(exp, cfg_dict: dict, pending: list[dict], run_dir: Path, *, batch: bool, workers: int) -> list[list[dict]]:
+def plan(
+    exp: Experiment, cfg: ExperimentConfig, pending: list[dict], run_dir: Path, *, batch: bool, workers: int
+) -> list[list[dict]]:
     """Work items: lists of units, one unit each, or several fresh units of equal `ensemble_key`.
 
     A group is cut into near-equal ensembles so that there are about `workers` items in all (each
@@ -153,7 +81,6 @@ def plan(exp, cfg_dict: dict, pending: list[dict], run_dir: Path, *, batch: bool
         return [[u] for u in pending]
     from ..training.ensemble import ensemble_key
 
-    cfg = exp.config.model_validate(cfg_dict)
     groups: dict[object, list[dict]] = {}
     singles = []
     for u in pending:
@@ -172,14 +99,26 @@ def plan(exp, cfg_dict: dict, pending: list[dict], run_dir: Path, *, batch: bool
     for members in groups.values():
         chunks = min(len(members), max(1, round(workers * len(members) / len(pending))))
         size = math.ceil(len(members) / chunks)
-        items += [members[i:i + size] for i in range(0, len(members), size)]
+        items += [members[i : i + size] for i in range(0, len(members), size)]
     return items + singles
 
 
-def run_units(exp_name: str, cfg_dict: dict, units: list[dict], run_dir: Path, *, device: str = "cpu",
-              resume: bool = False, workers: int | None = None, threads: int = 1,
-              progress: bool | None = None, batch: bool = True, backend: str = "local",
-              address: str | None = None, retries: int = 2) -> SweepOutcome:
+def run_units(
+    exp: Experiment,
+    cfg: ExperimentConfig,
+    units: list[dict],
+    run_dir: Path,
+    *,
+    device: str = "cpu",
+    resume: bool = False,
+    workers: int | None = None,
+    threads: int = 1,
+    progress: bool | None = None,
+    batch: bool = True,
+    backend: str = "local",
+    address: str | None = None,
+    retries: int = 2,
+) -> SweepOutcome:
     """Run every unfinished unit of a sweep; finished ones are loaded from disk.
 
     workers: local worker processes (default: as many as cores, at most one per work item; 1 runs
@@ -189,10 +128,7 @@ def run_units(exp_name: str, cfg_dict: dict, units: list[dict], run_dir: Path, *
     backend: "local" or "ray"; address: the Ray cluster (``HOST:PORT``; default ``RAY_ADDRESS``);
     retries: how often Ray re-runs a task whose worker died before the units are reported failed.
     """
-    from ..experiments import get_experiment
-
     check_backend(backend, retries)
-    exp = get_experiment(exp_name)
     outcome = SweepOutcome()
     pending = []
     for unit in units:
@@ -206,37 +142,44 @@ def run_units(exp_name: str, cfg_dict: dict, units: list[dict], run_dir: Path, *
         return outcome
     n_workers = workers or os.cpu_count() or 1
     # on a GPU one large ensemble beats several processes sharing the device; on CPUs, one per worker
-    items = plan(exp, cfg_dict, pending, run_dir, batch=batch, workers=1 if device.startswith("cuda") else n_workers)
-    outcome.ensembles = [len(it) for it in items if len(it) > 1]
+    groups = plan(exp, cfg, pending, run_dir, batch=batch, workers=1 if device.startswith("cuda") else n_workers)
+    outcome.ensembles = [len(g) for g in groups if len(g) > 1]
     show = sys.stderr.isatty() if progress is None else progress  # bars on a terminal, quiet in logs
-    args = [(exp, cfg_dict, it, [str(unit_dir(run_dir, u["id"])) for u in it], device, resume, threads)
-            for it in items]
+    items = [
+        WorkItem(exp, cfg, tuple(g), tuple(str(unit_dir(run_dir, u["id"])) for u in g), device, resume, threads)
+        for g in groups
+    ]
 
-    def record(results) -> None:
-        for uid, result, error, seconds in results:
-            outcome.seconds[uid] = seconds
-            if error is None:
-                outcome.results[uid] = result
+    def record(outcomes: list[UnitOutcome]) -> None:
+        for o in outcomes:
+            outcome.seconds[o.id] = o.seconds
+            if o.error is None:
+                outcome.results[o.id] = o.result
             else:
-                outcome.failed[uid] = error
+                outcome.failed[o.id] = o.error
 
     n = min(n_workers, len(items))
     if backend == "ray":
         from .ray_backend import run_items
 
-        run_items(args, run_dir, record, address=address, retries=retries, threads=threads, show=show)
+        run_items(items, run_dir, record, address=address, retries=retries, threads=threads, show=show)
     elif n == 1:
-        for a in tqdm(args, desc=exp_name, disable=not show or len(args) == 1, leave=False):
-            record(execute_item(*a, progress=show))
+        for it in tqdm(items, desc=exp.name, disable=not show or len(items) == 1, leave=False):
+            record(execute(it, progress=show))
     else:
         ctx = get_context("spawn")  # fork after torch threads start is unsafe
         with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-            futures = {pool.submit(execute_item, *a): a[2] for a in args}
-            for fut in tqdm(as_completed(futures), total=len(futures), desc=exp_name, disable=not show, leave=False):
+            futures = {pool.submit(execute, it): it for it in items}
+            for fut in tqdm(as_completed(futures), total=len(futures), desc=exp.name, disable=not show, leave=False):
                 try:
                     record(fut.result())
                 except Exception as exc:  # the worker process died (BrokenProcessPool): its units failed
-                    record([(u["id"], None, f"worker process failed: {_one_line(exc)}", 0.0) for u in futures[fut]])
+                    record(
+                        [
+                            UnitOutcome(u["id"], None, f"worker process failed: {one_line(exc)}", 0.0)
+                            for u in futures[fut].units
+                        ]
+                    )
     # keep the units' order
     outcome.results = {u["id"]: outcome.results[u["id"]] for u in units if u["id"] in outcome.results}
     return outcome

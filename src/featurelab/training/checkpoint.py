@@ -1,5 +1,6 @@
 """Checkpoints with safetensors: tensors plus JSON metadata in one file written atomically; loading
 never unpickles code."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from ..runs.io import jsonable, write_bytes
+from ..io import jsonable, write_bytes
 
 
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict | None = None) -> None:
@@ -70,8 +71,9 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch
     optimizer.load_state_dict({"state": state, "param_groups": info["param_groups"]})
 
 
-def save_checkpoint(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                    info: dict) -> None:
+def save_checkpoint(
+    folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, info: dict
+) -> None:
     """Write ``folder/checkpoint.safetensors``: model state, optimizer state and `info`, in one atomic file."""
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     opt_info = None

@@ -19,8 +19,9 @@ Every member gets `train`'s run record in its own folder (``history.csv``, ``mod
 and a ``checkpoint.safetensors`` in `train`'s format, optimizer state included), so a member can be
 resumed one-by-one by `train(..., resume=True)`. Metrics are gathered only at logging steps (one
 host-device synchronisation per log step for the whole ensemble); the step loop has none.
-THEORY.md Part 0 (training conventions).
+docs/theory/conventions.md (training conventions).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,8 @@ from tqdm.auto import tqdm
 
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
+from ..io import write_text
 from ..runtime import resolve_device
-from ..runs.io import write_text
 from .checkpoint import save_checkpoint, save_model
 from .objectives import data_cost
 from .trainer import TrainConfig, TrainResult, _batches, evaluate, trust_region
@@ -79,14 +80,31 @@ def ensemble_key(model: nn.Module, data: Dataset, config: TrainConfig) -> tuple 
     config = TrainConfig.model_validate(config)
     if any(p.optimizer == "lbfgs" for p in config.phases):
         return None
-    phases = tuple(tuple(sorted((k, repr(v)) for k, v in p.model_dump().items() if k not in PER_MEMBER_PHASE_FIELDS))
-                   for p in config.phases)
+    phases = tuple(
+        tuple(sorted((k, repr(v)) for k, v in p.model_dump().items() if k not in PER_MEMBER_PHASE_FIELDS))
+        for p in config.phases
+    )
     cfg = tuple(sorted((k, repr(v)) for k, v in config.model_dump().items() if k not in ("lam", "seed", "phases")))
-    data_shapes = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in
-                        (("X_train", data.X_train), ("Y_train", data.Y_train), ("X_test", data.X_test),
-                         ("Y_test", data.Y_test)))
-    return (type(model).__qualname__, _shapes(model.named_parameters()), _shapes(model.named_buffers()),
-            _static_attrs(model), tuple(sorted(_float_attrs(model))), data_shapes, data.n_classes, cfg, phases)
+    data_shapes = tuple(
+        (k, tuple(v.shape), str(v.dtype))
+        for k, v in (
+            ("X_train", data.X_train),
+            ("Y_train", data.Y_train),
+            ("X_test", data.X_test),
+            ("Y_test", data.Y_test),
+        )
+    )
+    return (
+        type(model).__qualname__,
+        _shapes(model.named_parameters()),
+        _shapes(model.named_buffers()),
+        _static_attrs(model),
+        tuple(sorted(_float_attrs(model))),
+        data_shapes,
+        data.n_classes,
+        cfg,
+        phases,
+    )
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -143,12 +161,19 @@ class _Stack:
         """(Re)stack from the members' current tensors (after a dtype change, say) and bind the views."""
         first = self.models[0]
         with torch.no_grad():
-            self.params = {k: torch.stack([m.get_parameter(k).detach() for m in self.models]).requires_grad_(True)
-                           for k, p in first.named_parameters() if p.requires_grad}
-            self.buffers = {k: torch.stack([m.get_parameter(k).detach() for m in self.models])
-                            for k, p in first.named_parameters() if not p.requires_grad}
-            self.buffers.update({k: torch.stack([m.get_buffer(k) for m in self.models])
-                                 for k, _ in first.named_buffers()})
+            self.params = {
+                k: torch.stack([m.get_parameter(k).detach() for m in self.models]).requires_grad_(True)
+                for k, p in first.named_parameters()
+                if p.requires_grad
+            }
+            self.buffers = {
+                k: torch.stack([m.get_parameter(k).detach() for m in self.models])
+                for k, p in first.named_parameters()
+                if not p.requires_grad
+            }
+            self.buffers.update(
+                {k: torch.stack([m.get_buffer(k) for m in self.models]) for k, _ in first.named_buffers()}
+            )
         self.bind()
 
     def bind(self) -> None:
@@ -183,9 +208,16 @@ def _same_data(a: Dataset, b: Dataset) -> bool:
 
 
 # ----------------------------------------------------------------------------------- train
-def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], configs: TrainConfig | list[TrainConfig],
-                   *, device: str = "cpu", run_dirs: list[str | Path | None] | None = None,
-                   callbacks=None, progress: bool | None = None) -> list[TrainResult | FeaturelabError]:
+def train_ensemble(
+    models: list[nn.Module],
+    data: Dataset | list[Dataset],
+    configs: TrainConfig | list[TrainConfig],
+    *,
+    device: str = "cpu",
+    run_dirs: list[str | Path | None] | None = None,
+    callbacks=None,
+    progress: bool | None = None,
+) -> list[TrainResult | FeaturelabError]:
     """Train ``M = len(models)`` same-shape models as one batched computation; returns one entry per
     member: its `TrainResult` (as `train` would return it), or the `FeaturelabError` that `train`
     would have raised (a member whose loss diverged; the others go on).
@@ -198,7 +230,7 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
     callbacks: per member, a sequence of `train`-style callbacks; only ``on_log(step, model, row)`` is
         supported (an ``on_step`` hook would need a per-step host loop, so it is an error).
     Fresh runs only (no resume): resume a member one-by-one with `train(..., resume=True)`.
-    THEORY.md Part 0; docs/scale.md.
+    docs/theory/conventions.md; docs/scale.md.
     """
     M = len(models)
     if M == 0:
@@ -216,8 +248,10 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
         raise FeaturelabError("configs has an lbfgs phase, which cannot be batched; use train() per model")
     if any(k != keys[0] for k in keys):
         bad = next(i for i, k in enumerate(keys) if k != keys[0])
-        raise FeaturelabError(f"models[{bad}] cannot join the ensemble of models[0]: shapes, attributes, data "
-                              "shapes or training phases differ (only values, lam, seed, lr and lr_min may)")
+        raise FeaturelabError(
+            f"models[{bad}] cannot join the ensemble of models[0]: shapes, attributes, data "
+            "shapes or training phases differ (only values, lam, seed, lr and lr_min may)"
+        )
     dev = resolve_device(device)
     t0 = time.perf_counter()
     for m in models:
@@ -260,8 +294,7 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
         def one(st, X, Y, lam, fl):
             return functional_call(objective, st, (X, Y, lam, fl))
 
-        in_dims = (0, 0 if batched else None, 0 if batched else None, 0 if lam is not None else None,
-                   [0] * len(fl))
+        in_dims = (0, 0 if batched else None, 0 if batched else None, 0 if lam is not None else None, [0] * len(fl))
         return vmap(one, in_dims=in_dims)(state, X, Y, lam, fl)
 
     def log(step, phase_idx, lr, ds):
@@ -286,9 +319,15 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
             opt = None
             if phase is not None:
                 opt = _torch_optimizer(phase, m, opt_state, i)
-            info = {"step": step, "done": finished, "history": rows[i], "lr_scale": float(lr_scale[i]),
-                    "capped_steps": int(capped[i]), "dtype": str(stack.dtype).replace("torch.", ""),
-                    "rho_history": getattr(m, "rho_history", [])}
+            info = {
+                "step": step,
+                "done": finished,
+                "history": rows[i],
+                "lr_scale": float(lr_scale[i]),
+                "capped_steps": int(capped[i]),
+                "dtype": str(stack.dtype).replace("torch.", ""),
+                "rho_history": getattr(m, "rho_history", []),
+            }
             save_checkpoint(dirs[i], m, opt, info)
 
     def schedule(phase, k, lr0, lr_min):
@@ -302,14 +341,20 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
 
     def member_rates(phase_idx):
         phases = [c.phases[phase_idx] for c in cfgs]
-        return (torch.tensor([p.lr for p in phases], dtype=torch.float64, device=dev),
-                torch.tensor([p.lr_min for p in phases], dtype=torch.float64, device=dev))
+        return (
+            torch.tensor([p.lr for p in phases], dtype=torch.float64, device=dev),
+            torch.tensor([p.lr_min for p in phases], dtype=torch.float64, device=dev),
+        )
 
     total = sum(p.steps for p in cfg0.phases)
     ds, X, Y = data_on(stack.dtype)
     log(0, 0, schedule(cfg0.phases[0], 0, *member_rates(0)).cpu() if cfg0.phases else None, ds)
-    bar = tqdm(total=total, disable=not (sys.stderr.isatty() if progress is None else progress), leave=False,
-               desc=f"ensemble of {M}")
+    bar = tqdm(
+        total=total,
+        disable=not (sys.stderr.isatty() if progress is None else progress),
+        leave=False,
+        desc=f"ensemble of {M}",
+    )
     offset = 0
     for phase_idx, phase in enumerate(cfg0.phases):
         if phase.dtype is not None and stack.dtype != getattr(torch, phase.dtype):
@@ -338,8 +383,12 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
             sum(losses(X, Y, idx)).sum().backward()
             with torch.no_grad():
                 if phase.max_step is not None:  # trainer's trust region ‖Δθ_i‖ <= max_step·‖θ_i‖, per member
-                    lr, cut = trust_region(lr, phase.max_step, _member_norm(stack.params.values()),
-                                           _member_norm(p.grad for p in stack.params.values()))
+                    lr, cut = trust_region(
+                        lr,
+                        phase.max_step,
+                        _member_norm(stack.params.values()),
+                        _member_norm(p.grad for p in stack.params.values()),
+                    )
                     capped += cut.long()
                 _update(phase, stack, opt_state, lr)
             if phase.guard_window and (k + 1) % phase.guard_window == 0:  # trainer's guard, per member
@@ -353,8 +402,12 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
                     lr_scale = torch.where(bad, lr_scale * 0.5, lr_scale)
                     opt_state["count"] = torch.where(bad, 0, opt_state["count"])  # a fresh optimizer for them
                     snapshot = (torch.where(bad, snapshot[0], cur), snapshot[1])
-            if (phase.adapt_every and hasattr(models[0], "adapt_steps") and (k + 1) % phase.adapt_every == 0
-                    and k + 1 < phase.adapt_stop * phase.steps):
+            if (
+                phase.adapt_every
+                and hasattr(models[0], "adapt_steps")
+                and (k + 1) % phase.adapt_every == 0
+                and k + 1 < phase.adapt_stop * phase.steps
+            ):
                 for i, m in enumerate(models):
                     m.adapt_steps(ds[i].X_train)
             bar.update(1)
@@ -364,7 +417,8 @@ def train_ensemble(models: list[nn.Module], data: Dataset | list[Dataset], confi
                     if errors[i] is None and not math.isfinite(rows[i][-1]["loss"]):
                         errors[i] = FeaturelabError(
                             f"training diverged at step {step + 1} (loss {rows[i][-1]['loss']}); lower the learning "
-                            f"rate (phase {phase_idx}: lr={cfgs[i].phases[phase_idx].lr}) or set guard_window")
+                            f"rate (phase {phase_idx}: lr={cfgs[i].phases[phase_idx].lr}) or set guard_window"
+                        )
             if cfg0.checkpoint_every and (step + 1) % cfg0.checkpoint_every == 0:
                 checkpoint(step + 1, False, phase, opt_state)
         offset += phase.steps
@@ -395,11 +449,13 @@ def _update(phase, stack: _Stack, state: dict, lr: torch.Tensor) -> None:
         if phase.optimizer == "adam":  # torch.optim.adam._single_tensor_adam
             b1, b2 = ADAM_BETAS
             mask = fresh.reshape(-1, *([1] * (p.dim() - 1)))
-            m_, v_ = (torch.where(mask, 0.0, st[k]) if k in st else torch.zeros_like(p) for k in ("exp_avg", "exp_avg_sq"))
+            m_, v_ = (
+                torch.where(mask, 0.0, st[k]) if k in st else torch.zeros_like(p) for k in ("exp_avg", "exp_avg_sq")
+            )
             st["exp_avg"], st["exp_avg_sq"] = m_.lerp_(g, 1 - b1), v_.mul_(b2).addcmul_(g, g, value=1 - b2)
             c = count.double()
-            step_size = _per_member(lr / (1 - b1 ** c), p)
-            bc2_sqrt = _per_member((1 - b2 ** c) ** 0.5, p)
+            step_size = _per_member(lr / (1 - b1**c), p)
+            bc2_sqrt = _per_member((1 - b2**c) ** 0.5, p)
             denom = (st["exp_avg_sq"].sqrt() / bc2_sqrt).add_(ADAM_EPS)
             p.add_(-step_size * st["exp_avg"] / denom)
         else:  # torch.optim.sgd._single_tensor_sgd (no dampening, no nesterov)
@@ -426,8 +482,11 @@ def _torch_optimizer(phase, model: nn.Module, state: dict, i: int):
     for name, p in zip(names, params):
         st = state.get(name, {})
         if phase.optimizer == "adam":
-            opt.state[p] = {"step": torch.tensor(float(count)), "exp_avg": st["exp_avg"][i].clone(),
-                            "exp_avg_sq": st["exp_avg_sq"][i].clone()}
+            opt.state[p] = {
+                "step": torch.tensor(float(count)),
+                "exp_avg": st["exp_avg"][i].clone(),
+                "exp_avg_sq": st["exp_avg_sq"][i].clone(),
+            }
         elif "momentum_buffer" in st:
             opt.state[p] = {"momentum_buffer": st["momentum_buffer"][i].clone()}
     return opt

@@ -1,8 +1,9 @@
-"""Data costs and error rates (THEORY.md Part 0: mean over samples, sum over output coordinates).
+"""Data costs and error rates (docs/theory/conventions.md: mean over samples, sum over output coordinates).
 
 Rows are samples: `out` is ``N x d_out``; targets are ``N x d_out`` floats (regression), ``N`` int64
 labels (classification), or ``N`` / ``N x 1`` labels in {-1, +1} for the logistic loss.
 """
+
 from __future__ import annotations
 
 import torch

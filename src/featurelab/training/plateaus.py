@@ -1,8 +1,9 @@
-"""Saddle/plateau detection on a training-loss history (THEORY.md Part 4 A4).
+"""Saddle/plateau detection on a training-loss history (docs/theory/saddle-to-saddle.md A4).
 
 A network started near the origin sits on a sequence of saddles: the loss stays flat for a long
 stretch (a plateau), then drops (an escape). This module finds those stretches in a logged loss curve.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,9 +39,10 @@ def smooth(loss, window: int = 5) -> np.ndarray:
     return median_filter(np.asarray(loss, dtype=np.float64), size=window, mode="nearest")
 
 
-def detect_plateaus(steps, loss, delta: float = 0.05, min_length: int = 3000, merge_tol: float = 0.1,
-                    drop: float = 0.1, window: int = 5) -> list[Plateau]:
-    """Plateaus of a loss curve (THEORY.md Part 4 A4).
+def detect_plateaus(
+    steps, loss, delta: float = 0.05, min_length: int = 3000, merge_tol: float = 0.1, drop: float = 0.1, window: int = 5
+) -> list[Plateau]:
+    """Plateaus of a loss curve (docs/theory/saddle-to-saddle.md A4).
 
     steps, loss: 1-D sequences of the same length (logged step numbers, increasing; full-train loss).
     The loss is smoothed by a `window`-point running median. A logged point at step t is *flat* when the
@@ -96,3 +98,9 @@ def detect_plateaus(steps, loss, delta: float = 0.05, min_length: int = 3000, me
         below = np.flatnonzero((t > start) & (s <= level - drop))
         out.append(Plateau(int(start), int(end), level, int(t[below[0]]) if below.size else None))
     return out
+
+
+def plateau_start(widths: list[int], m: list[float], tau: float) -> int:
+    """n*(τ) = min{w : m(w) <= (1+τ)·min m} (Part 3 §5d)."""
+    best = min(m)
+    return min(w for w, v in zip(widths, m) if v <= (1 + tau) * best)

@@ -2,18 +2,20 @@
 
 A run is a list of `Phase`s (e.g. Adam for n₁ steps, then plain GD with a smaller learning rate, as
 the papers do). The loss is ``C + model.penalty(lam)``: each model adds its own L2 convention
-explicitly (never an optimizer's weight decay, THEORY.md Part 0). Metrics are gathered only every
+explicitly (never an optimizer's weight decay, docs/theory/conventions.md). Metrics are gathered only every
 `log_every` steps, so the loop makes no per-step host-device synchronisation.
 """
+
 from __future__ import annotations
 
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import pandas as pd
 import torch
@@ -23,8 +25,8 @@ from tqdm.auto import tqdm
 from ..config import Validated
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
+from ..io import write_text
 from ..runtime import resolve_device
-from ..runs.io import write_text
 from .checkpoint import load_checkpoint, restore_optimizer, save_checkpoint, save_model
 from .objectives import data_cost, error_rate
 
@@ -34,7 +36,7 @@ class Phase(Validated):
 
     optimizer: "adam", "sgd" (plain, optional momentum; full batch = GD) or "lbfgs" (strong-Wolfe).
     schedule: "constant"; "cosine" from lr down to lr_min; "inverse_norm": lr/‖θ‖^p with p = norm_power
-        (default depth - 2, THEORY.md Part 4 A3), floored at lr_min; sgd only.
+        (default depth - 2, docs/theory/saddle-to-saddle.md A3), floored at lr_min; sgd only.
     batch_size: None for full batch; else mini-batches from a per-epoch reshuffle.
     drop_last: drop each epoch's last partial batch (default); False keeps it (Part 4 §6 digits preset).
     guard_window: > 0: every window, if the loss rose, restore the parameters and halve lr (Part 1 §5.2).
@@ -63,8 +65,10 @@ class Phase(Validated):
 
     @model_validator(mode="after")
     def _check(self):
-        for field, on in (("schedule 'inverse_norm'", self.schedule == "inverse_norm"),
-                          ("max_step", self.max_step is not None)):
+        for field, on in (
+            ("schedule 'inverse_norm'", self.schedule == "inverse_norm"),
+            ("max_step", self.max_step is not None),
+        ):
             if on and (self.optimizer != "sgd" or self.momentum):
                 raise ValueError(f"{field} needs optimizer 'sgd' without momentum")
         return self
@@ -136,7 +140,9 @@ def _epoch_permutation(n: int, seed: int, epoch: int, device: torch.device) -> t
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).to(device)
 
 
-def _batches(n: int, batch_size: int | None, seed: int, step: int, device, drop_last: bool = True) -> torch.Tensor | None:
+def _batches(
+    n: int, batch_size: int | None, seed: int, step: int, device, drop_last: bool = True
+) -> torch.Tensor | None:
     """Indices of the mini-batch of global `step` (epoch permutations are seeded by (seed, epoch));
     ``drop_last=False`` keeps each epoch's last, smaller batch (as torch's DataLoader does). Slicing the
     cached device permutation makes no host-device copy per step."""
@@ -144,7 +150,7 @@ def _batches(n: int, batch_size: int | None, seed: int, step: int, device, drop_
         return None
     per_epoch = n // batch_size if drop_last else -(-n // batch_size)
     epoch, pos = divmod(step, per_epoch)
-    return _epoch_permutation(n, seed, epoch, torch.device(device))[pos * batch_size:(pos + 1) * batch_size]
+    return _epoch_permutation(n, seed, epoch, torch.device(device))[pos * batch_size : (pos + 1) * batch_size]
 
 
 @torch.no_grad()
@@ -153,9 +159,13 @@ def evaluate(model: torch.nn.Module, data: Dataset, config: TrainConfig) -> dict
     out = model(data.X_train)
     cost = data_cost(config.objective, out, data.Y_train)
     pen = model.penalty(config.lam) if config.lam > 0 else torch.zeros((), dtype=cost.dtype)
-    row = {"loss": float(cost + pen), "cost": float(cost), "penalty": float(pen),
-           "train_error": float(error_rate(config.objective, out, data.Y_train)),
-           "param_norm": float(param_norm(model))}
+    row = {
+        "loss": float(cost + pen),
+        "cost": float(cost),
+        "penalty": float(pen),
+        "train_error": float(error_rate(config.objective, out, data.Y_train)),
+        "param_norm": float(param_norm(model)),
+    }
     if len(data.X_test):
         out_t = model(data.X_test)
         row["test_cost"] = float(data_cost(config.objective, out_t, data.Y_test))
@@ -170,9 +180,18 @@ def evaluate(model: torch.nn.Module, data: Dataset, config: TrainConfig) -> dict
 
 
 # ---------------------------------------------------------------------------------- train
-def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device: str = "cpu",
-          run_dir: str | Path | None = None, resume: bool = False, callbacks=(),
-          progress: bool | None = None, lr_rule: Callable | None = None) -> TrainResult:
+def train(
+    model: torch.nn.Module,
+    data: Dataset,
+    config: TrainConfig,
+    *,
+    device: str = "cpu",
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+    callbacks=(),
+    progress: bool | None = None,
+    lr_rule: Callable | None = None,
+) -> TrainResult:
     """Train `model` on `data` (rows are samples) through `config.phases`; returns a `TrainResult`.
 
     run_dir: folder for ``history.csv``, ``model.safetensors`` and the resumable
@@ -223,17 +242,27 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
     def checkpoint(step: int, finished: bool, optimizer=None) -> None:
         if folder is None:
             return
-        info = {"step": step, "done": finished, "history": rows, "lr_scale": state["lr_scale"],
-                "capped_steps": int(state["capped"]),
-                "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-                "rho_history": getattr(model, "rho_history", [])}
+        info = {
+            "step": step,
+            "done": finished,
+            "history": rows,
+            "lr_scale": state["lr_scale"],
+            "capped_steps": int(state["capped"]),
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "rho_history": getattr(model, "rho_history", []),
+        }
         save_checkpoint(folder, model, optimizer, info)
 
     if not done:
         if start_step == 0:
             log(0, 0, _lr(config.phases[0], 0, model) if config.phases else None)
-        bar = tqdm(total=total, initial=start_step, disable=not (sys.stderr.isatty() if progress is None else progress),
-                   leave=False, desc=type(model).__name__)
+        bar = tqdm(
+            total=total,
+            initial=start_step,
+            disable=not (sys.stderr.isatty() if progress is None else progress),
+            leave=False,
+            desc=type(model).__name__,
+        )
         offset = 0
         for phase_idx, phase in enumerate(config.phases):
             if start_step >= offset + phase.steps:
@@ -275,7 +304,7 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
                     loss = closure()
                     with torch.no_grad():
                         if phase.max_step is not None:  # trust region ‖Δθ‖ <= max_step·‖θ‖
-                            grad_norm = torch.sqrt(sum((p.grad ** 2).sum() for p in params))
+                            grad_norm = torch.sqrt(sum((p.grad**2).sum() for p in params))
                             lr, cut = trust_region(lr, phase.max_step, param_norm(model), grad_norm)
                             state["capped"] += cut.long()
                         for p in params:
@@ -284,8 +313,10 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
                     loss = opt.step(closure)
                 if phase.guard_window and (k + 1) % phase.guard_window == 0:
                     with torch.no_grad():
-                        cur = float(data_cost(config.objective, model(X), Y) +
-                                    (model.penalty(config.lam) if config.lam > 0 else 0.0))
+                        cur = float(
+                            data_cost(config.objective, model(X), Y)
+                            + (model.penalty(config.lam) if config.lam > 0 else 0.0)
+                        )
                     if not cur <= snapshot[0]:  # the loss rose over the window (or is NaN)
                         with torch.no_grad():
                             for p, s in zip(params, snapshot[1]):
@@ -297,8 +328,12 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
                 for cb in callbacks:
                     if hasattr(cb, "on_step"):
                         cb.on_step(step + 1, model, opt, loss)
-                if (phase.adapt_every and hasattr(model, "adapt_steps") and (k + 1) % phase.adapt_every == 0
-                        and k + 1 < phase.adapt_stop * phase.steps):
+                if (
+                    phase.adapt_every
+                    and hasattr(model, "adapt_steps")
+                    and (k + 1) % phase.adapt_every == 0
+                    and k + 1 < phase.adapt_stop * phase.steps
+                ):
                     model.adapt_steps(data_dev.X_train)
                 bar.update(1)
                 if (step + 1) % config.log_every == 0 or step + 1 == total:
@@ -306,7 +341,8 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, *, device:
                     if not math.isfinite(row["loss"]):
                         raise FeaturelabError(
                             f"training diverged at step {step + 1} (loss {row['loss']}); lower the learning rate "
-                            f"(phase {phase_idx}: lr={phase.lr}) or set guard_window")
+                            f"(phase {phase_idx}: lr={phase.lr}) or set guard_window"
+                        )
                 if folder is not None and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
                     checkpoint(step + 1, False, opt)
             offset += phase.steps

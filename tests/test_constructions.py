@@ -1,9 +1,19 @@
-"""THEORY.md Part 3 §7 checks 3 (bipartite, onehot_identity constructions: exact balance) and 6 (graphs)."""
+"""docs/theory/sparsity.md §7 checks 3 (bipartite, onehot_identity constructions: exact balance) and 6 (graphs)."""
+
 import pytest
 import torch
 
-from featurelab import (adjacency_matrix, bipartite, complete_bipartite_edges, cycle_edges, incidence_matrix,
-                        is_triangle_free, layer_forces, onehot_identity, path_edges, representation_loss)
+from featurelab.data.constructions import (
+    adjacency_matrix,
+    bipartite,
+    complete_bipartite_edges,
+    cycle_edges,
+    incidence_matrix,
+    is_triangle_free,
+    onehot_identity,
+    path_edges,
+)
+from featurelab.measurements import layer_forces, representation_loss
 
 
 @pytest.mark.parametrize("N", [4, 6, 8])
@@ -13,7 +23,9 @@ def test_bipartite_construction(N):
     X, Y = c.data.X_train, c.data.Y_train
     B = incidence_matrix(complete_bipartite_edges(N // 2, N // 2), N)
     assert (c.model(X) - Y).abs().max() <= 1e-12
-    assert float(c.model.sq_norm().detach()) == pytest.approx(N * N, abs=1e-12) == c.sq_norm == 2 * float(torch.trace(Y))
+    assert (
+        float(c.model.sq_norm().detach()) == pytest.approx(N * N, abs=1e-12) == c.sq_norm == 2 * float(torch.trace(Y))
+    )
     assert torch.equal(c.model.weights[1].detach(), B)
     assert c.model.dims[1] == N * N // 4 == c.cp_rank
     half = N // 2
@@ -41,8 +53,12 @@ def test_onehot_identity_construction():
 
 def test_graph_gram_is_degree_plus_adjacency():
     """Check 6: Q = B Bᵀ = Deg + Adj for C_5, P_4, K_{2,2}, K_{3,3}; K_{N/2,N/2} has N²/4 edges."""
-    graphs = {"C5": (cycle_edges(5), 5), "P4": (path_edges(4), 4), "K22": (complete_bipartite_edges(2, 2), 4),
-              "K33": (complete_bipartite_edges(3, 3), 6)}
+    graphs = {
+        "C5": (cycle_edges(5), 5),
+        "P4": (path_edges(4), 4),
+        "K22": (complete_bipartite_edges(2, 2), 4),
+        "K33": (complete_bipartite_edges(3, 3), 6),
+    }
     for edges, n in graphs.values():
         B = incidence_matrix(edges, n)
         A = adjacency_matrix(edges, n)

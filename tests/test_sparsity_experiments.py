@@ -1,15 +1,16 @@
-"""Part 3 experiment helpers on known numbers: the plateau start of THEORY.md Part 3 §6's measured table,
+"""Part 3 experiment helpers on known numbers: the plateau start of docs/theory/sparsity.md §6's measured table,
 ray share and class separation on constructed representations."""
+
 import torch
 
-from featurelab.experiments.forces import class_separation, ray_share
-from featurelab.experiments.width_plateau import plateau_start
+from featurelab.measurements.sparsity import class_separation, ray_share
+from featurelab.training.plateaus import plateau_start
 
 
 def test_plateau_start_on_the_measured_digits_table():
-    """THEORY.md Part 3 §6: with its m(w) table, n*(5%) = 10 and n*(1%) = 24 (<= 48)."""
+    """docs/theory/sparsity.md §6: with its m(w) table, n*(5%) = 10 and n*(1%) = 24 (<= 48)."""
     widths = [2, 4, 6, 8, 10, 12, 16, 24, 32, 64, 128]
-    m = [.829, .224, .160, .139, .136, .135, .133, .131, .132, .130, .131]
+    m = [0.829, 0.224, 0.160, 0.139, 0.136, 0.135, 0.133, 0.131, 0.132, 0.130, 0.131]
     assert plateau_start(widths, m, 0.05) == 10
     assert plateau_start(widths, m, 0.01) == 24
     assert plateau_start(widths, m, 0.0) == 64

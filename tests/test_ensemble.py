@@ -1,14 +1,16 @@
-"""Batched ensembles (issue 8): `train_ensemble` gives each member the run `train` gives it.
+"""Batched ensembles: `train_ensemble` gives each member the run `train` gives it.
 
 Members differ in seed, init scale, λ, learning rate, L̃, data and mini-batch seed; float64 agreement
 is to 1e-10 (batched matmuls only sum in another order), float32 to the tolerance in docs/scale.md.
 """
+
 import shutil
 
 import pytest
 import torch
 
-from featurelab import FeaturelabError, LeakyResNet, MLP, Phase, TrainConfig, bottleneck_teacher, train
+from featurelab import MLP, FeaturelabError, LeakyResNet, Phase, TrainConfig, train
+from featurelab.data import bottleneck_teacher
 from featurelab.training import ensemble
 from featurelab.training.ensemble import ensemble_key, train_ensemble
 
@@ -16,8 +18,11 @@ DATA = bottleneck_teacher((5, 2, 5), "fcnn", 8, 40, 16, teacher_seed=0, data_see
 
 
 def max_difference(models_a, models_b) -> float:
-    return max(float((a - b).abs().max()) for ma, mb in zip(models_a, models_b)
-               for a, b in zip(ma.state_dict().values(), mb.state_dict().values()))
+    return max(
+        float((a - b).abs().max())
+        for ma, mb in zip(models_a, models_b)
+        for a, b in zip(ma.state_dict().values(), mb.state_dict().values())
+    )
 
 
 def compare(make, configs, data, tol):
@@ -33,10 +38,18 @@ def compare(make, configs, data, tol):
 
 
 def mlp_configs(dtype):
-    return [TrainConfig(lam=lam, seed=s, log_every=25, phases=[
-        Phase(optimizer="adam", steps=75, lr=lr, schedule="cosine", lr_min=lr / 10),
-        Phase(optimizer="sgd", steps=50, lr=lr / 2, momentum=0.5, guard_window=10, dtype=dtype)])
-        for lam, lr, s in [(0.0, 2e-3, 0), (0.01, 5e-3, 1), (0.03, 1e-3, 2)]]
+    return [
+        TrainConfig(
+            lam=lam,
+            seed=s,
+            log_every=25,
+            phases=[
+                Phase(optimizer="adam", steps=75, lr=lr, schedule="cosine", lr_min=lr / 10),
+                Phase(optimizer="sgd", steps=50, lr=lr / 2, momentum=0.5, guard_window=10, dtype=dtype),
+            ],
+        )
+        for lam, lr, s in [(0.0, 2e-3, 0), (0.01, 5e-3, 1), (0.03, 1e-3, 2)]
+    ]
 
 
 def test_mlp_ensemble_matches_one_by_one_float64():
@@ -47,15 +60,19 @@ def test_mlp_ensemble_matches_one_by_one_float64():
 
 def test_leaky_resnet_ensemble_per_member_effective_depth_data_and_adaptive_steps():
     data = [bottleneck_teacher((5, 2, 5), "fcnn", 8, 40, 16, teacher_seed=i, data_seed=i + 1) for i in range(3)]
-    configs = [TrainConfig(lam=lam, log_every=30, phases=[Phase(optimizer="adam", steps=60, lr=3e-3, adapt_every=20)])
-               for lam in (0.01, 0.02, 0.05)]
+    configs = [
+        TrainConfig(lam=lam, log_every=30, phases=[Phase(optimizer="adam", steps=60, lr=3e-3, adapt_every=20)])
+        for lam in (0.01, 0.02, 0.05)
+    ]
     make = lambda i: LeakyResNet(5, 5, 8, 6, [1.0, 2.0, 4.0][i], steps="adaptive", seed=i, dtype=torch.float64)
     compare(make, configs, data, 1e-10)
 
 
 def test_minibatch_members_draw_their_own_batches():
-    configs = [TrainConfig(lam=0.01, seed=s, log_every=20, phases=[Phase(optimizer="sgd", steps=40, lr=0.05, batch_size=8)])
-               for s in (0, 1, 1)]
+    configs = [
+        TrainConfig(lam=0.01, seed=s, log_every=20, phases=[Phase(optimizer="sgd", steps=40, lr=0.05, batch_size=8)])
+        for s in (0, 1, 1)
+    ]
     make = lambda i: MLP(5, 5, 10, 3, seed=i, dtype=torch.float64)
     compare(make, configs, [DATA] * 3, 1e-10)
 
@@ -70,9 +87,26 @@ class FirstLayerNorm:
 def test_trust_region_floor_partial_batches_and_log_callbacks_match_one_by_one():
     """Part 4 A3's lr = max(c/‖θ‖^{L-2}, lr_min) with the trust region ``max_step`` (cutting some steps,
     per member), keeping each epoch's partial batch, and ``on_log`` columns: as `train` gives them."""
-    configs = [TrainConfig(objective="cross_entropy", seed=s, log_every=10, phases=[Phase(
-        optimizer="sgd", steps=60, lr=c, schedule="inverse_norm", lr_min=0.5, batch_size=12, drop_last=False,
-        max_step=0.2)]) for c, s in ((40.0, 0), (5.0, 1), (80.0, 1))]
+    configs = [
+        TrainConfig(
+            objective="cross_entropy",
+            seed=s,
+            log_every=10,
+            phases=[
+                Phase(
+                    optimizer="sgd",
+                    steps=60,
+                    lr=c,
+                    schedule="inverse_norm",
+                    lr_min=0.5,
+                    batch_size=12,
+                    drop_last=False,
+                    max_step=0.2,
+                )
+            ],
+        )
+        for c, s in ((40.0, 0), (5.0, 1), (80.0, 1))
+    ]
     data = fl_digits_like()
     make = lambda i: MLP(6, 3, 8, 4, init="absolute", init_scale=0.3, seed=i, dtype=torch.float64)
     singles = [make(i) for i in range(3)]
@@ -92,6 +126,7 @@ def test_trust_region_floor_partial_batches_and_log_callbacks_match_one_by_one()
 def fl_digits_like():
     """A 3-class problem with 30 samples (not a multiple of the batch of 12): rows are samples."""
     from featurelab import Dataset
+
     g = torch.Generator().manual_seed(0)
     X = torch.randn(30, 6, generator=g, dtype=torch.float64)
     Y = torch.arange(30) % 3
@@ -116,8 +151,12 @@ def test_ensemble_checkpoint_resumes_with_train(tmp_path, monkeypatch):
             saved.append(folder)
 
     monkeypatch.setattr(ensemble, "save_checkpoint", keep_step_40)
-    config = TrainConfig(lam=0.01, log_every=20, checkpoint_every=20,
-                         phases=[Phase(optimizer="adam", steps=60, lr=3e-3, schedule="cosine")])
+    config = TrainConfig(
+        lam=0.01,
+        log_every=20,
+        checkpoint_every=20,
+        phases=[Phase(optimizer="adam", steps=60, lr=3e-3, schedule="cosine")],
+    )
     members = [MLP(5, 5, 10, 3, seed=i, dtype=torch.float64) for i in range(2)]
     train_ensemble(members, DATA, config, run_dirs=[tmp_path / "m0", tmp_path / "m1"])
     resumed = MLP(5, 5, 10, 3, seed=0, dtype=torch.float64)
@@ -151,12 +190,20 @@ def test_diverging_member_fails_alone():
 def test_guard_restores_and_halves_per_member():
     """The loss guard (Part 1 §5.2) acts on each member alone: members whose loss rose over a window are
     restored, get half the lr and a fresh optimizer; the calm member goes on untouched."""
-    configs = [TrainConfig(log_every=5, phases=[
-        Phase(optimizer="sgd", steps=30, lr=lr, momentum=0.9, guard_window=5),
-        Phase(optimizer="adam", steps=30, lr=lr / 5, guard_window=5)]) for lr in (0.05, 0.6, 1.5)]
+    configs = [
+        TrainConfig(
+            log_every=5,
+            phases=[
+                Phase(optimizer="sgd", steps=30, lr=lr, momentum=0.9, guard_window=5),
+                Phase(optimizer="adam", steps=30, lr=lr / 5, guard_window=5),
+            ],
+        )
+        for lr in (0.05, 0.6, 1.5)
+    ]
     make = lambda i: MLP(5, 5, 10, 3, leak=1.0, seed=1, dtype=torch.float64)
     histories = [train(make(i), DATA, c).history for i, c in enumerate(configs)]
-    halved = [bool((h["lr"][(h["phase"] == 0) & (h["step"] > 0)] < c.phases[0].lr).any())
-              for h, c in zip(histories, configs)]
+    halved = [
+        bool((h["lr"][(h["phase"] == 0) & (h["step"] > 0)] < c.phases[0].lr).any()) for h, c in zip(histories, configs)
+    ]
     assert halved == [False, True, True]  # the test exercises both branches of the guard
     compare(make, configs, [DATA] * 3, 1e-10)

@@ -1,34 +1,56 @@
 """Part 5 §2 and §7 facts 1-3: Lemma 1 (f = T∘h), the path form of w_e ∂f/∂w_e, Euler on cuts."""
+
 import pytest
 import torch
 
-from featurelab import (MLP, Conv, Dense, FeaturelabError, Flatten, HomogeneousNet, ResBlock, enumerate_paths,
-                        path_enumeration, tree_network)
+from featurelab import MLP, FeaturelabError, HomogeneousNet
+from featurelab.measurements import enumerate_paths, path_enumeration, tree_network
+from featurelab.models import Conv, Dense, Flatten, ResBlock
 
 D = torch.float64
 
 
 def fc_net(g, leak=0.0):
-    return HomogeneousNet([Dense(3, 4, leak, generator=g), Dense(4, 3, leak, generator=g), Dense(3, 1, 1.0, generator=g)])
+    return HomogeneousNet(
+        [Dense(3, 4, leak, generator=g), Dense(4, 3, leak, generator=g), Dense(3, 1, 1.0, generator=g)]
+    )
 
 
 def free_net(g):
-    return HomogeneousNet([Dense(2, 3, 0.0, generator=g), ResBlock("free", 3, 2, 3, sigma_in="relu", sigma_out="relu",
-                                                                 generator=g), Dense(3, 1, 1.0, generator=g)])
+    return HomogeneousNet(
+        [
+            Dense(2, 3, 0.0, generator=g),
+            ResBlock("free", 3, 2, 3, sigma_in="relu", sigma_out="relu", generator=g),
+            Dense(3, 1, 1.0, generator=g),
+        ]
+    )
 
 
 def identity_net(g):
-    return HomogeneousNet([Dense(2, 3, 0.0, generator=g), ResBlock("identity", 3, 2, sigma_in="relu", generator=g),
-                           Dense(3, 1, 1.0, generator=g)])
+    return HomogeneousNet(
+        [
+            Dense(2, 3, 0.0, generator=g),
+            ResBlock("identity", 3, 2, sigma_in="relu", generator=g),
+            Dense(3, 1, 1.0, generator=g),
+        ]
+    )
 
 
 def nets(g):
-    return {"fc": fc_net(g), "leaky": fc_net(g, leak=0.2), "free": free_net(g), "identity": identity_net(g),
-            "diagonal": HomogeneousNet([Dense(2, 3, 0.0, generator=g), ResBlock("diagonal", 3, 2, generator=g),
-                                        Dense(3, 1, 1.0, generator=g)]),
-            "conv": HomogeneousNet([Conv(1, 2, 2, stride=2, padding=1, generator=g), Flatten(),
-                                    Dense(8, 1, 1.0, generator=g)], input_shape=(1, 3, 3)),
-            "mlp": MLP(3, 1, [4, 3], 3, bias=0.0, linear_tail=1, dtype=D, seed=3)}
+    return {
+        "fc": fc_net(g),
+        "leaky": fc_net(g, leak=0.2),
+        "free": free_net(g),
+        "identity": identity_net(g),
+        "diagonal": HomogeneousNet(
+            [Dense(2, 3, 0.0, generator=g), ResBlock("diagonal", 3, 2, generator=g), Dense(3, 1, 1.0, generator=g)]
+        ),
+        "conv": HomogeneousNet(
+            [Conv(1, 2, 2, stride=2, padding=1, generator=g), Flatten(), Dense(8, 1, 1.0, generator=g)],
+            input_shape=(1, 3, 3),
+        ),
+        "mlp": MLP(3, 1, [4, 3], 3, bias=0.0, linear_tail=1, dtype=D, seed=3),
+    }
 
 
 def inputs(net, g, n=7):
@@ -67,7 +89,7 @@ def test_fact2_edge_contribution_is_sum_over_paths(gen, name):
     paths = enumerate_paths(net)
     T = tree_network(net)
     h = path_enumeration(net, x, paths=paths).detach().requires_grad_(True)
-    dT, = torch.autograd.grad(T(h).sum(), h)
+    (dT,) = torch.autograd.grad(T(h).sum(), h)
     params = list(net.parameters())
     grads = torch.autograd.grad(net(x).sum(), params)
     for p, gp in zip(params, grads):
@@ -76,9 +98,15 @@ def test_fact2_edge_contribution_is_sum_over_paths(gen, name):
         assert torch.allclose(lhs, rhs, rtol=1e-9, atol=1e-12 * float(rhs.abs().max() + 1))
 
 
-@pytest.mark.parametrize("name,cuts", [
-    ("fc", [["weight"]]), ("free", [["V1", "V3"], ["V2", "V3"]]), ("diagonal", [["V1", "d"], ["V2", "d"]]),
-    ("conv", [["weight"]])])
+@pytest.mark.parametrize(
+    "name,cuts",
+    [
+        ("fc", [["weight"]]),
+        ("free", [["V1", "V3"], ["V2", "V3"]]),
+        ("diagonal", [["V1", "d"], ["V2", "d"]]),
+        ("conv", [["weight"]]),
+    ],
+)
 def test_fact3_euler_on_every_cut(gen, name, cuts):
     """Σ_{e∈cut} w_e ∂f/∂w_e = f for every learnable cut (Lemma 3, Part 5 §3)."""
     net = nets(gen)[name]
@@ -86,10 +114,10 @@ def test_fact3_euler_on_every_cut(gen, name, cuts):
     f = net(X)[:, 0].detach()
     layers = [s for s in net.stages if not isinstance(s, Flatten)]
     for stage in layers:
-        for cut in (cuts if isinstance(stage, ResBlock) else [["weight"]]):
+        for cut in cuts if isinstance(stage, ResBlock) else [["weight"]]:
             ps = [getattr(stage, n) for n in cut]
             for i in range(X.shape[0]):
-                gs = torch.autograd.grad(net(X[i:i + 1])[0, 0], ps)
+                gs = torch.autograd.grad(net(X[i : i + 1])[0, 0], ps)
                 euler = sum(float((p * g).sum().detach()) for p, g in zip(ps, gs))
                 assert abs(euler - float(f[i])) <= 1e-10 * (1 + abs(float(f[i])))
 
@@ -105,11 +133,12 @@ def test_fact3_euler_cut_through_fixed_skip(gen):
     block = net.stages[1]
     X = inputs(net, gen, n=20)
     h = path_enumeration(net, X, paths=paths).detach().requires_grad_(True)
-    dT, = torch.autograd.grad(T(h).sum(), h)
+    (dT,) = torch.autograd.grad(T(h).sum(), h)
     skip_share = (h * dT * through_skip).sum(1).detach()
     f = net(X)[:, 0].detach()
-    v1_share = torch.stack([(block.V1 * torch.autograd.grad(net(X[i:i + 1])[0, 0], block.V1)[0]).sum()
-                            for i in range(len(X))]).detach()
+    v1_share = torch.stack(
+        [(block.V1 * torch.autograd.grad(net(X[i : i + 1])[0, 0], block.V1)[0]).sum() for i in range(len(X))]
+    ).detach()
     assert torch.allclose(v1_share + skip_share, f, rtol=0, atol=1e-10 * (1 + float(f.abs().max())))
     assert float((v1_share - f).abs().max()) > 1e-3  # {V_1} alone is not a cut
 

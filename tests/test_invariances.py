@@ -1,12 +1,21 @@
 """Part 5 §3 and §7 facts 4-7: invariants' flow derivatives, the negative control, the exact GD step,
 and the noninvariance flow Φ of Lemma 4; the tracker; out-of-scope models."""
+
 import pytest
 import torch
 
-from featurelab import (MLP, Conv, Dense, FeaturelabError, Flatten, HomogeneousNet, InvariantTracker, LeakyResNet,
-                        Phase, ResBlock, TrainConfig, flow_derivative, gram_difference, identity_block_controls,
-                        invariants, noninvariance_flow, separable, train)
+from featurelab import MLP, FeaturelabError, HomogeneousNet, LeakyResNet, Phase, TrainConfig, train
+from featurelab.data import separable
+from featurelab.measurements import (
+    InvariantTracker,
+    flow_derivative,
+    gram_difference,
+    identity_block_controls,
+    invariants,
+    noninvariance_flow,
+)
 from featurelab.measurements.invariances import GRAD, active_units
+from featurelab.models import Conv, Dense, Flatten, ResBlock
 
 D = torch.float64
 
@@ -14,16 +23,34 @@ D = torch.float64
 def make(kind, g):
     kw = {"generator": g}
     if kind == "fc":
-        return HomogeneousNet([Dense(6, 8, 0.0, **kw), Dense(8, 8, [1.0] * 3 + [0.0] * 5, **kw), Dense(8, 1, 1.0, **kw)])
+        return HomogeneousNet(
+            [Dense(6, 8, 0.0, **kw), Dense(8, 8, [1.0] * 3 + [0.0] * 5, **kw), Dense(8, 1, 1.0, **kw)]
+        )
     if kind == "conv":  # case 2 (conv→conv) with stride 2 and padding 1, case 5 (conv→FC)
-        return HomogeneousNet([Conv(2, 3, 3, padding=1, leak=1.0, **kw), Conv(3, 3, 3, stride=2, padding=1, leak=0.0, **kw),
-                               Flatten(), Dense(12, 5, 0.0, **kw), Dense(5, 1, 1.0, **kw)], input_shape=(2, 4, 4))
+        return HomogeneousNet(
+            [
+                Conv(2, 3, 3, padding=1, leak=1.0, **kw),
+                Conv(3, 3, 3, stride=2, padding=1, leak=0.0, **kw),
+                Flatten(),
+                Dense(12, 5, 0.0, **kw),
+                Dense(5, 1, 1.0, **kw),
+            ],
+            input_shape=(2, 4, 4),
+        )
     if kind == "conv-free":  # case 6 (conv→ResNetFree)
-        return HomogeneousNet([Conv(2, 3, 3, padding=1, leak=1.0, **kw), Flatten(),
-                               ResBlock("free", 48, 5, 6, sigma_in="linear", **kw), Dense(6, 1, 1.0, **kw)],
-                              input_shape=(2, 4, 4))
-    blocks = [ResBlock(kind, 6, 5, 6, sigma_in="relu", sigma_out="linear", **kw),
-              ResBlock(kind, 6, 5, 6, sigma_in="linear", sigma_out="relu", **kw)]
+        return HomogeneousNet(
+            [
+                Conv(2, 3, 3, padding=1, leak=1.0, **kw),
+                Flatten(),
+                ResBlock("free", 48, 5, 6, sigma_in="linear", **kw),
+                Dense(6, 1, 1.0, **kw),
+            ],
+            input_shape=(2, 4, 4),
+        )
+    blocks = [
+        ResBlock(kind, 6, 5, 6, sigma_in="relu", sigma_out="linear", **kw),
+        ResBlock(kind, 6, 5, 6, sigma_in="linear", sigma_out="relu", **kw),
+    ]
     return HomogeneousNet([Dense(6, 6, 0.0, **kw), *blocks, Dense(6, 1, 1.0, **kw)])
 
 
@@ -93,6 +120,7 @@ def test_fact6_one_gd_step_is_exactly_eta_squared(gen, kind):
     active, _ = active_units(net, X, found.junctions)
     before = [inv.value().detach() for inv in found.items]
     from featurelab.training.objectives import data_cost
+
     net.zero_grad()
     data_cost("logistic", net(X), Y).backward()
     eta = 0.3
@@ -113,6 +141,7 @@ def test_fact6_relu_gram_step_has_first_order_phi_term(gen):
     net = make("fc", gen)
     X, Y = data(net, gen)
     from featurelab.training.objectives import data_cost
+
     phi = noninvariance_flow(net, X, Y, "logistic", 1)
     I0 = gram_difference(net, 1).detach()
     net.zero_grad()
@@ -151,8 +180,13 @@ def test_tracker_records_drift_residual_and_signs():
     d = separable(40, 0, 6, seed=1)
     net = make("identity", torch.Generator().manual_seed(0))
     tracker = InvariantTracker(net, d.X_train, extra=identity_block_controls(net))
-    res = train(net, d, TrainConfig(objective="logistic", lam=0.0, phases=[Phase(optimizer="sgd", lr=0.05, steps=60)],
-                                    log_every=20), callbacks=[tracker], progress=False)
+    res = train(
+        net,
+        d,
+        TrainConfig(objective="logistic", lam=0.0, phases=[Phase(optimizer="sgd", lr=0.05, steps=60)], log_every=20),
+        callbacks=[tracker],
+        progress=False,
+    )
     s = tracker.summary().set_index("invariant")
     inscope = s[s.kind != "control"]
     assert float(inscope.step_residual.max()) <= 1e-12
@@ -173,19 +207,24 @@ def test_invariants_of_mlp_match_homogeneous_net():
     assert torch.allclose(C, W[2].T @ W[2] - W[1] @ W[1].T)
 
 
-@pytest.mark.parametrize("model,match", [
-    (MLP(3, 1, 4, 3, bias=1.0), "bias"),
-    (MLP(3, 1, 4, 3, activation="tanh"), "homogeneous"),
-    (MLP(3, 2, 4, 3), "one output"),
-    (LeakyResNet(3, 3, 4, 2, 1.0), "LeakyResNet"),
-])
+@pytest.mark.parametrize(
+    "model,match",
+    [
+        (MLP(3, 1, 4, 3, bias=1.0), "bias"),
+        (MLP(3, 1, 4, 3, activation="tanh"), "homogeneous"),
+        (MLP(3, 2, 4, 3), "one output"),
+        (LeakyResNet(3, 3, 4, 2, 1.0), "LeakyResNet"),
+    ],
+)
 def test_out_of_scope_models_are_refused_with_reason(model, match):
     with pytest.raises(FeaturelabError, match=match):
         invariants(model)
 
 
 def test_network_with_no_invariant_lists_every_skipped_layer(gen):
-    net = HomogeneousNet([ResBlock("identity", 3, 2, sigma_in="linear", generator=gen), Dense(3, 1, 1.0, generator=gen)])
+    net = HomogeneousNet(
+        [ResBlock("identity", 3, 2, sigma_in="linear", generator=gen), Dense(3, 1, 1.0, generator=gen)]
+    )
     found = invariants(net)  # the block's hidden junction remains
     assert [i.kind for i in found.items] == ["vertex", "matrix"]
     assert any("junction 0→1" in s for s in found.skipped) and any("no learnable cut" in s for s in found.skipped)

@@ -1,9 +1,10 @@
-"""Sweep batching (issue 8): same-shape build/finish units train as one ensemble, chosen automatically,
+"""Sweep batching: same-shape build/finish units train as one ensemble, chosen automatically,
 and give the results of one-by-one runs; the switch turns it off; --resume mixes both.
 
 `SEEDS` is a test-only experiment (4 units: 2 seeds x 2 lambdas of a small float64 MLP) registered in
 the experiment registry; test_scale_ray.py uses it too.
 """
+
 import json
 import os
 from pathlib import Path
@@ -11,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from featurelab import MLP, Phase, TrainConfig, bottleneck_teacher
+from featurelab import MLP, Phase, TrainConfig
+from featurelab.claims import claim
 from featurelab.config import ExperimentConfig
+from featurelab.data import bottleneck_teacher
 from featurelab.experiments import REGISTRY
 from featurelab.experiments.base import Analysis, Experiment, TrainingUnit
-from featurelab.runs.claims import claim
 from featurelab.runs.runner import run_experiment
 
 
@@ -34,8 +36,12 @@ def units(cfg):
 def build(cfg, unit):
     data = bottleneck_teacher((5, 2, 5), "fcnn", 8, 32, 16, teacher_seed=cfg.seed, data_seed=cfg.seed + 1)
     model = MLP(5, 5, 12, 3, bias=1.0, init_scale=1.0 + unit["seed"] / 2, seed=unit["seed"], dtype=torch.float64)
-    config = TrainConfig(lam=unit["lam"], phases=[Phase(optimizer="adam", steps=cfg.steps, lr=2e-3 * (1 + unit["seed"]))],
-                         log_every=20, checkpoint_every=20)
+    config = TrainConfig(
+        lam=unit["lam"],
+        phases=[Phase(optimizer="adam", steps=cfg.steps, lr=2e-3 * (1 + unit["seed"]))],
+        log_every=20,
+        checkpoint_every=20,
+    )
     return TrainingUnit(model, data, config)
 
 
@@ -45,8 +51,10 @@ def finish(cfg, unit, model, result, ctx):
         if cfg.kill_mode == "raise":
             raise RuntimeError("injected failure")
         os._exit(1)  # the worker process dies mid-sweep
-    return {"weights": [w.detach().flatten().tolist() for w in model.weights],
-            "final_loss": float(result.history["loss"].iloc[-1])}
+    return {
+        "weights": [w.detach().flatten().tolist() for w in model.weights],
+        "final_loss": float(result.history["loss"].iloc[-1]),
+    }
 
 
 def analyze(cfg, results, ctx):
@@ -54,9 +62,17 @@ def analyze(cfg, results, ctx):
     return Analysis([claim("training losses stay bounded", "test", "< 10", len(results), ok)])
 
 
-SEEDS = Experiment(name="test-scale-seeds", summary="test-only seed x lambda sweep", reference="tests",
-                   config=SeedsConfig, presets={"quick": {}}, units=units, analyze=analyze, build=build,
-                   finish=finish)
+SEEDS = Experiment(
+    name="test-scale-seeds",
+    summary="test-only seed x lambda sweep",
+    reference="tests",
+    config=SeedsConfig,
+    presets={"quick": {}},
+    units=units,
+    analyze=analyze,
+    build=build,
+    finish=finish,
+)
 REGISTRY[SEEDS.name] = SEEDS
 
 
@@ -84,13 +100,20 @@ def test_failed_unit_is_reported_then_resumed_from_its_checkpoint(tmp_path):
     by one from the checkpoint the ensemble wrote in `train`'s format, and gets the same weights."""
     marker = tmp_path / "marker"
     run = tmp_path / "run"
-    first = run_experiment(SEEDS.name, out=run, workers=1, progress=False,
-                           overrides={"kill_marker": str(marker), "kill_mode": "raise"})
+    first = run_experiment(
+        SEEDS.name, out=run, workers=1, progress=False, overrides={"kill_marker": str(marker), "kill_mode": "raise"}
+    )
     failed = json.loads((run / "results.json").read_text())["failed"]
     assert list(failed) == ["s0-lam0"] and "injected failure" in failed["s0-lam0"]
     assert not first.all_passed  # "every run of the sweep completed" fails
-    again = run_experiment(SEEDS.name, out=run, workers=1, progress=False, resume=True,
-                           overrides={"kill_marker": str(marker), "kill_mode": "raise"})
+    again = run_experiment(
+        SEEDS.name,
+        out=run,
+        workers=1,
+        progress=False,
+        resume=True,
+        overrides={"kill_marker": str(marker), "kill_mode": "raise"},
+    )
     record = json.loads((run / "results.json").read_text())
     assert record["skipped_on_resume"] == ["s0-lam0.01", "s1-lam0", "s1-lam0.01"] and record["failed"] == {}
     assert again.all_passed
@@ -102,7 +125,8 @@ def test_failed_unit_is_reported_then_resumed_from_its_checkpoint(tmp_path):
 def test_bad_backend_and_missing_ray_are_one_line_errors(tmp_path, monkeypatch):
     import sys
 
-    from featurelab import FeaturelabError, run_bench
+    from featurelab import FeaturelabError
+    from featurelab.bench import run_bench
     from featurelab.runs import ray_backend
 
     with pytest.raises(FeaturelabError, match="backend='spark' is not allowed; choose one of: local, ray"):

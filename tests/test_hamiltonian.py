@@ -1,5 +1,6 @@
 """Part 1 §4 T1-T4, T8, T9: the backward variables, the Hamiltonian identities and the symmetries of
 Leaky ResNets, each checked against an independent computation (float64, rows are samples)."""
+
 import math
 
 import numpy as np
@@ -17,8 +18,9 @@ LAM = 0.01
 def random_net(gen, w=8, N=12, L=6, Lt=2.0, d_in=3, d_out=2, bias_scale=0.3):
     """A small float64 Leaky ResNet with random positive steps (Σρ ≠ 1), perturbed weights and biases."""
     rho = (0.3 + torch.rand(L, generator=gen, dtype=torch.float64)) / L
-    model = fl.LeakyResNet(d_in, d_out, w, L, Lt, steps=rho, seed=int(torch.randint(1000, (1,), generator=gen)),
-                           dtype=torch.float64)
+    model = fl.LeakyResNet(
+        d_in, d_out, w, L, Lt, steps=rho, seed=int(torch.randint(1000, (1,), generator=gen)), dtype=torch.float64
+    )
     with torch.no_grad():
         model.W.add_(0.5 * torch.randn(model.W.shape, generator=gen, dtype=torch.float64))
         model.W[:, :, -1] = bias_scale * torch.randn(L, w, generator=gen, dtype=torch.float64)
@@ -31,7 +33,7 @@ def loss(model, X, Y, rho=None):
     return data_cost("mse", model(X, rho=rho), Y) + model.penalty(LAM, rho=rho)
 
 
-def test_T1_autograd_B_equals_the_backward_recursion(gen):
+def test_autograd_B_equals_the_backward_recursion(gen):
     model, X, Y = random_net(gen)
     A, B = backward_variables(model, X, Y, LAM)
     Lt, rho, N = model.effective_depth, model.rho, X.shape[0]
@@ -44,12 +46,12 @@ def test_T1_autograd_B_equals_the_backward_recursion(gen):
         torch.testing.assert_close(B[l - 1], R, rtol=1e-10, atol=1e-12)
 
 
-def test_T2_weight_gradient_and_residual(gen):
+def test_weight_gradient_and_residual(gen):
     model, X, Y = random_net(gen)
     A, B = backward_variables(model, X, Y, LAM)
     (grad,) = torch.autograd.grad(loss(model, X, Y), [model.W])
     Lt = model.effective_depth
-    df = fl.geodesic_diagnostics(model, X, Y, LAM)
+    df = fl.measurements.geodesic_diagnostics(model, X, Y, LAM)
     for l in range(1, model.depth + 1):
         Wl, rho = model.W[l - 1].detach(), model.rho[l - 1]
         formula = rho * LAM * (Wl / Lt - B[l].T @ features(A[l - 1]))
@@ -58,20 +60,29 @@ def test_T2_weight_gradient_and_residual(gen):
         assert df["residual"][l - 1] == pytest.approx(float(r), rel=1e-10)
 
 
-def test_T3_step_gradient_is_minus_lambda_pre_hamiltonian(gen):
+def test_step_gradient_is_minus_lambda_pre_hamiltonian(gen):
     model, X, Y = random_net(gen)
     rho = model.rho.clone().requires_grad_()
     (grad,) = torch.autograd.grad(loss(model, X, Y, rho=rho), [rho])
-    df = fl.geodesic_diagnostics(model, X, Y, LAM)
+    df = fl.measurements.geodesic_diagnostics(model, X, Y, LAM)
     np.testing.assert_allclose(grad.numpy(), -LAM * df["pre_hamiltonian"].to_numpy(), rtol=1e-10)
     # 𝓗ᵖʳᵉ <= 𝓗 (§3.3): the Hamiltonian is the maximum over W of the pre-Hamiltonian
     assert (df["pre_hamiltonian"] <= df["hamiltonian"] + 1e-12).all()
 
 
-@pytest.mark.parametrize("gamma,mode", [(1e-3, "absolute"), (1.0, "absolute"), (10.0, "absolute"),
-                                        (1e-3, "relative"), (1.0, "relative"), (10.0, "relative")])
-def test_T4_theorem4_identity_and_bounds_at_the_critical_velocity(gen, gamma, mode):
-    A = torch.randn(9, 7, generator=gen, dtype=torch.float64)  # N = 9 samples, w = 7 (THEORY's 7×9, transposed)
+@pytest.mark.parametrize(
+    "gamma,mode",
+    [
+        (1e-3, "absolute"),
+        (1.0, "absolute"),
+        (10.0, "absolute"),
+        (1e-3, "relative"),
+        (1.0, "relative"),
+        (10.0, "relative"),
+    ],
+)
+def test_theorem4_identity_and_bounds_at_the_critical_velocity(gen, gamma, mode):
+    A = torch.randn(9, 7, generator=gen, dtype=torch.float64)  # N = 9 samples, w = 7 (the papers' 7×9, transposed)
     B = torch.randn(9, 7, generator=gen, dtype=torch.float64)
     Lt = 2.5
     S = features(A)
@@ -91,7 +102,7 @@ def test_T4_theorem4_identity_and_bounds_at_the_critical_velocity(gen, gamma, mo
 
 
 @pytest.mark.parametrize("c", [0.5, 3.0])
-def test_T8_stretching_symmetry(gen, c):
+def test_stretching_symmetry(gen, c):
     model, X, Y = random_net(gen)
     stretched = fl.LeakyResNet(3, 2, 8, 6, model.effective_depth / c, steps=c * model.rho, dtype=torch.float64)
     stretched.load_state_dict({**model.state_dict(), "W": model.W.detach() / c, "rho": c * model.rho})
@@ -101,12 +112,15 @@ def test_T8_stretching_symmetry(gen, c):
         torch.testing.assert_close(a2, a, rtol=1e-12, atol=1e-13)
         torch.testing.assert_close(b2, b, rtol=1e-12, atol=1e-13)
     assert float(loss(stretched, X, Y).detach()) == pytest.approx(float(loss(model, X, Y).detach()), rel=1e-12)
-    d, d2 = fl.geodesic_diagnostics(model, X, Y, LAM), fl.geodesic_diagnostics(stretched, X, Y, LAM)
+    d, d2 = (
+        fl.measurements.geodesic_diagnostics(model, X, Y, LAM),
+        fl.measurements.geodesic_diagnostics(stretched, X, Y, LAM),
+    )
     np.testing.assert_allclose(d2["h_rescaled"], d["h_rescaled"], rtol=1e-12)
     np.testing.assert_allclose(d2["hamiltonian"], d["hamiltonian"] / c, rtol=1e-12)
 
 
-def test_T9_output_scaling_exact_discrete_form(gen):
+def test_output_scaling_exact_discrete_form(gen):
     model, X, _ = random_net(gen, bias_scale=0.0)
     c, Lt, rho = 0.7, model.effective_depth, model.rho
     ratio = (1 - rho * (Lt + c)) / (1 - rho * Lt)
@@ -118,7 +132,7 @@ def test_T9_output_scaling_exact_discrete_form(gen):
             torch.testing.assert_close(a2, s[l] * a, rtol=1e-12, atol=1e-13)
 
 
-def test_T9_output_scaling_first_order_in_the_step(gen):
+def test_output_scaling_first_order_in_the_step(gen):
     w, Lt, c = 6, 2.0, 1.0
     M1 = torch.randn(w, w, generator=gen, dtype=torch.float64) / w**0.5
     M2 = torch.randn(w, w, generator=gen, dtype=torch.float64) / w**0.5
@@ -141,18 +155,24 @@ def test_T9_output_scaling_first_order_in_the_step(gen):
 
 def test_diagnostics_table_and_bad_inputs(gen):
     model, X, Y = random_net(gen)
-    df = fl.geodesic_diagnostics(model, X, Y, LAM)
+    df = fl.measurements.geodesic_diagnostics(model, X, Y, LAM)
     assert len(df) == model.depth and df["layer"].tolist() == list(range(1, 7))
     np.testing.assert_allclose(df["p"], model.positions[:-1].numpy())
     s = df.attrs["summary"]
     assert s["h_median"] == pytest.approx(float(np.median(-2 * df["hamiltonian"] / model.effective_depth)))
     with torch.no_grad():
         reps = model.representations(X)
-    assert s["path_length_F"] == pytest.approx(sum(float(torch.linalg.norm(reps[l] - reps[l - 1]))
-                                                   for l in range(1, 7)))
-    bad = [((fl.MLP(3, 2, 8, 2), X, Y, LAM), {}, "model"), ((model, X, Y[:5], LAM), {}, "rows"),
-           ((model, X, Y, 0.0), {}, "lam"), ((model, X, Y, LAM), {"gamma0": -1.0}, "gamma0"),
-           ((model, X.clone().fill_(float("nan")), Y, LAM), {}, "X"), ((model, X[:, :2], Y, LAM), {}, "X")]
+    assert s["path_length_F"] == pytest.approx(
+        sum(float(torch.linalg.norm(reps[l] - reps[l - 1])) for l in range(1, 7))
+    )
+    bad = [
+        ((fl.MLP(3, 2, 8, 2), X, Y, LAM), {}, "model"),
+        ((model, X, Y[:5], LAM), {}, "rows"),
+        ((model, X, Y, 0.0), {}, "lam"),
+        ((model, X, Y, LAM), {"gamma0": -1.0}, "gamma0"),
+        ((model, X.clone().fill_(float("nan")), Y, LAM), {}, "X"),
+        ((model, X[:, :2], Y, LAM), {}, "X"),
+    ]
     for args, kw, word in bad:
         with pytest.raises(fl.FeaturelabError, match=word):
-            fl.geodesic_diagnostics(*args, **kw)
+            fl.measurements.geodesic_diagnostics(*args, **kw)

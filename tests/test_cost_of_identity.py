@@ -1,5 +1,6 @@
 """Part 1 §4 T5-T7: the cost of identity (Prop. 1-2) against closed forms and dense solves (float64,
-rows are samples, so THEORY.md's w×N matrix A is an N×w tensor here)."""
+rows are samples, so the papers' w×N matrix A is an N×w tensor here)."""
+
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ def dense_coi(A, bias, gamma=0.0):
     return float((A * torch.linalg.solve(K, A)).sum())
 
 
-def test_T5_prop1_cost_of_identity_bounds_the_stable_ranks(gen):
+def test_prop1_cost_of_identity_bounds_the_stable_ranks(gen):
     checked = 0
     for _ in range(300):
         scale = float(torch.exp(torch.randn(1, generator=gen, dtype=torch.float64)))
@@ -25,66 +26,72 @@ def test_T5_prop1_cost_of_identity_bounds_the_stable_ranks(gen):
             continue
         checked += 1
         coi = dense_coi(A, bias=False)
-        assert fl.cost_of_identity(A, bias=False) == pytest.approx(coi, rel=1e-8)
-        sr_nuc, sr_op = fl.nuclear_rank(A), fl.stable_rank(A)
+        assert fl.measurements.cost_of_identity(A, bias=False) == pytest.approx(coi, rel=1e-8)
+        sr_nuc, sr_op = fl.measurements.nuclear_rank(A), fl.measurements.stable_rank(A)
         assert coi >= sr_nuc - 1e-9
         assert sr_op <= sr_nuc + 1e-12 and sr_nuc <= torch.linalg.matrix_rank(A) + 1e-12
     assert checked >= 200, checked
 
 
-def test_T5_stable_ranks_closed_forms():
+def test_stable_ranks_closed_forms():
     A = torch.diag(torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64))
-    assert fl.stable_rank(A) == pytest.approx(14 / 9)
-    assert fl.nuclear_rank(A) == pytest.approx(36 / 14)
-    assert fl.effective_rank(A, 0.5) == 2
+    assert fl.measurements.stable_rank(A) == pytest.approx(14 / 9)
+    assert fl.measurements.nuclear_rank(A) == pytest.approx(36 / 14)
+    assert fl.measurements.effective_rank(A, 0.5) == 2
 
 
-def test_T6_prop2_non_negative_low_rank_representation(gen):
+def test_prop2_non_negative_low_rank_representation(gen):
     N, w, r = 15, 12, 4
     U = torch.rand(w, r, generator=gen, dtype=torch.float64)
     V = torch.rand(r, N, generator=gen, dtype=torch.float64)
     A = (U @ V).T  # rows are samples
-    assert fl.cost_of_identity(A, bias=False) == pytest.approx(r, abs=1e-6)
-    assert fl.cost_of_identity(A, bias=True) == pytest.approx(r, abs=1e-6)
+    assert fl.measurements.cost_of_identity(A, bias=False) == pytest.approx(r, abs=1e-6)
+    assert fl.measurements.cost_of_identity(A, bias=True) == pytest.approx(r, abs=1e-6)
     s = torch.linalg.svdvals(A)
     for gamma in (1e-3, 0.1, 10.0):
         closed = float((s**2 / (s**2 + gamma)).sum())
-        assert fl.cost_of_identity(A, False, gamma, "absolute") == pytest.approx(closed, rel=1e-10)
-    assert fl.cost_of_identity(A, True, 1e-10, "relative") == pytest.approx(r, abs=1e-3)
+        assert fl.measurements.cost_of_identity(A, False, gamma, "absolute") == pytest.approx(closed, rel=1e-10)
+    assert fl.measurements.cost_of_identity(A, True, 1e-10, "relative") == pytest.approx(r, abs=1e-3)
 
 
 @pytest.mark.parametrize("c", [0.3, 1.0, 4.0])
-def test_T6_bias_path_constant_representation(c):
+def test_bias_path_constant_representation(c):
     A = torch.full((7, 1), c, dtype=torch.float64)
-    assert fl.cost_of_identity(A) == pytest.approx(c**2 / (c**2 + 1), rel=1e-10)
+    assert fl.measurements.cost_of_identity(A) == pytest.approx(c**2 / (c**2 + 1), rel=1e-10)
 
 
-def test_T6_outside_the_image_is_infinite_and_projection_is_finite():
+def test_outside_the_image_is_infinite_and_projection_is_finite():
     A = torch.tensor([[-1.0, 0.0], [0.0, -2.0], [-1.0, -1.0], [0.5, -3.0]], dtype=torch.float64)
-    assert fl.cost_of_identity(A, bias=False) == float("inf")
+    assert fl.measurements.cost_of_identity(A, bias=False) == float("inf")
     S = features(A, False)
     Z = torch.linalg.pinv(S) @ A  # test-only reference for the projected value
-    assert fl.cost_of_identity(A, bias=False, projected=True) == pytest.approx(float((Z**2).sum()), rel=1e-9)
+    assert fl.measurements.cost_of_identity(A, bias=False, projected=True) == pytest.approx(
+        float((Z**2).sum()), rel=1e-9
+    )
 
 
-def test_T7_scale_invariance_and_monotonicity_in_gamma(gen):
+def test_scale_invariance_and_monotonicity_in_gamma(gen):
     A = torch.randn(10, 25, generator=gen, dtype=torch.float64) + 0.3
     for c in (0.01, 7.0):
-        assert fl.cost_of_identity(c * A, bias=False) == pytest.approx(fl.cost_of_identity(A, bias=False), rel=1e-10)
-        assert fl.nuclear_rank(c * A) == pytest.approx(fl.nuclear_rank(A), rel=1e-10)
+        assert fl.measurements.cost_of_identity(c * A, bias=False) == pytest.approx(
+            fl.measurements.cost_of_identity(A, bias=False), rel=1e-10
+        )
+        assert fl.measurements.nuclear_rank(c * A) == pytest.approx(fl.measurements.nuclear_rank(A), rel=1e-10)
     gammas = (1e-8, 1e-4, 1e-2, 1.0, 100.0)
     # non-negative with N > w + 1: inside the image, σ(P) = [P, 1] has full column rank, so COI(P) = w
     P = torch.rand(30, 6, generator=gen, dtype=torch.float64)
-    assert fl.cost_of_identity(P) == pytest.approx(6.0, rel=1e-8)
-    values = [fl.cost_of_identity(P, True, g, "absolute") for g in gammas]
+    assert fl.measurements.cost_of_identity(P) == pytest.approx(6.0, rel=1e-8)
+    values = [fl.measurements.cost_of_identity(P, True, g, "absolute") for g in gammas]
     assert all(a >= b for a, b in zip(values, values[1:])) and values[0] <= 6.0
     assert values[0] == pytest.approx(6.0, abs=1e-4)
     # Gaussian with N > w + 1: outside the image, COI = inf and COI_γ grows without bound as γ -> 0
     B = torch.randn(30, 6, generator=gen, dtype=torch.float64)
-    assert fl.cost_of_identity(B) == float("inf")
-    values = [fl.cost_of_identity(B, True, g, "absolute") for g in gammas]
+    assert fl.measurements.cost_of_identity(B) == float("inf")
+    values = [fl.measurements.cost_of_identity(B, True, g, "absolute") for g in gammas]
     assert all(a >= b for a, b in zip(values, values[1:])) and values[0] > 1e6
-    assert dense_coi(B, True, 0.01) == pytest.approx(fl.cost_of_identity(B, True, 0.01, "absolute"), rel=1e-9)
+    assert dense_coi(B, True, 0.01) == pytest.approx(
+        fl.measurements.cost_of_identity(B, True, 0.01, "absolute"), rel=1e-9
+    )
 
 
 @pytest.mark.parametrize("N,w", [(40, 6), (9, 12)])
@@ -112,6 +119,6 @@ def test_bad_inputs_name_the_argument():
     A = torch.randn(5, 3, dtype=torch.float64)
     for kw, word in [({"gamma": -1.0}, "gamma"), ({"gamma_mode": "log"}, "gamma_mode")]:
         with pytest.raises(fl.FeaturelabError, match=word):
-            fl.cost_of_identity(A, **kw)
+            fl.measurements.cost_of_identity(A, **kw)
     with pytest.raises(fl.FeaturelabError, match="A"):
-        fl.cost_of_identity(torch.full((3, 2), float("nan")))
+        fl.measurements.cost_of_identity(torch.full((3, 2), float("nan")))

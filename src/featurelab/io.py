@@ -3,6 +3,7 @@
 Every file featurelab writes goes to a temporary name in the same folder first and is then renamed
 over the target, so an interrupted run never leaves a file that looks complete.
 """
+
 from __future__ import annotations
 
 import json

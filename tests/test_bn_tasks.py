@@ -1,12 +1,13 @@
-"""THEORY.md Part 2 §5, checkable facts 10 and 12: the symmetry task's exact summary statistics and
+"""docs/theory/bottleneck-rank.md §5, checkable facts 10 and 12: the symmetry task's exact summary statistics and
 Jacobian rank, and (slow) the symmetry-learning quick preset; plus the BN-rank-2 task's construction."""
+
 import numpy as np
 import pytest
 import torch
 from torch.func import jacrev
 
-from featurelab import (FeaturelabError, bn_rank_two_task, run_experiment, symmetry_gd, symmetry_summary,
-                        symmetry_task)
+from featurelab import FeaturelabError, run_experiment
+from featurelab.data import bn_rank_two_task, symmetry_gd, symmetry_summary, symmetry_task
 
 
 def unit(d, gen):
@@ -60,8 +61,9 @@ def test_loss_curve_has_jacobian_rank_two(gen):
         v = v - (v @ u) * u
         w0 = m0 * u + (0.05 + 1.15 * float(torch.rand(1, generator=gen))) * v / v.norm()
         # the written-out map agrees with symmetry_gd
-        assert torch.allclose(curve(w0), symmetry_gd(w0[None], u, torch.zeros(d, d, dtype=torch.float64), eta, T)[1][0, 1:],
-                              rtol=1e-12)
+        assert torch.allclose(
+            curve(w0), symmetry_gd(w0[None], u, torch.zeros(d, d, dtype=torch.float64), eta, T)[1][0, 1:], rtol=1e-12
+        )
         s = torch.linalg.svdvals(jacrev(curve)(w0))
         assert float(s[2] / s[0]) < 1e-10
         assert float(s[1] / s[0]) > 1e-3

@@ -1,4 +1,5 @@
-"""THEORY.md Part 5 §6: the experiments end to end (short horizons fast; the quick presets slow)."""
+"""docs/theory/invariances.md §6: the experiments end to end (short horizons fast; the quick presets slow)."""
+
 import pytest
 
 from featurelab.runs import run_experiment
@@ -7,8 +8,13 @@ from featurelab.runs import run_experiment
 def test_invariances_short_run_exact_gd_term_and_control(tmp_path):
     """At a short horizon the GD identity is still exact, in-scope drift is still O(η) and the
     identity-block control's is not."""
-    rec = run_experiment("invariances", "quick", {"archs": ["resnet-identity", "conv"], "etas": [0.08, 0.04],
-                                                  "tau": 2.0, "logs": 2}, out=tmp_path / "inv", workers=1)
+    rec = run_experiment(
+        "invariances",
+        "quick",
+        {"archs": ["resnet-identity", "conv"], "etas": [0.08, 0.04], "tau": 2.0, "logs": 2},
+        out=tmp_path / "inv",
+        workers=1,
+    )
     c = {x["statement"][:20]: x for x in rec.claims}
     assert c["one GD step changes "]["passed"] and rec.summary["max_step_residual"] <= 1e-12
     assert c["drift is O(η) at fix"]["passed"]
@@ -16,8 +22,13 @@ def test_invariances_short_run_exact_gd_term_and_control(tmp_path):
 
 
 def test_relu_noninvariance_short_run_separates_blocks(tmp_path):
-    rec = run_experiment("relu-noninvariance", "quick", {"etas": [0.1, 0.05], "tau": 5.0, "check_every": 25},
-                         out=tmp_path / "rn", workers=1)
+    rec = run_experiment(
+        "relu-noninvariance",
+        "quick",
+        {"etas": [0.1, 0.05], "tau": 5.0, "check_every": 25},
+        out=tmp_path / "rn",
+        workers=1,
+    )
     assert rec.summary["phi_error"] <= 1e-9
     assert rec.summary["separation"] >= 30
 

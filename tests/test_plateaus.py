@@ -1,13 +1,18 @@
-"""THEORY.md Part 4 A4: plateau/saddle detection on a loss history (synthetic curves with known answers)."""
+"""Plateau/saddle detection on a loss history (docs/theory/saddle-to-saddle.md A4): synthetic curves with known
+answers."""
+
 import math
 
 import numpy as np
 import pytest
 
-from featurelab import FeaturelabError, detect_plateaus
+from featurelab import FeaturelabError
+from featurelab.training import detect_plateaus
+
+STEPS = np.arange(0, 60001, 250)
 
 
-def staircase(levels_until, final, steps=np.arange(0, 60001, 250), ramp=1000.0):
+def staircase(levels_until, final, steps=STEPS, ramp=1000.0):
     """A loss at levels[k] until step ends[k], with linear ramps of `ramp` steps between levels."""
     y = np.full(len(steps), final, dtype=np.float64)
     knots = [(0.0, levels_until[0][0])]

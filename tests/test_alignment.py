@@ -1,13 +1,16 @@
 """Part 5 §4 and §7 facts 8-9: conv unfoldings, ratio >= 1/rank, the derived Theorem 2 bound; the
 models' forward passes against their formulas; the separable data."""
+
 import math
 
 import pytest
 import torch
 
-from featurelab import (MLP, Conv, Dense, FeaturelabError, Flatten, HomogeneousNet, Phase, ResBlock, TrainConfig,
-                        adjacent_alignment, layer_ratios, separable, theorem2_bounds, theorem2_constants, train)
+from featurelab import MLP, FeaturelabError, HomogeneousNet, Phase, TrainConfig, train
+from featurelab.data import separable
+from featurelab.measurements import adjacent_alignment, layer_ratios, theorem2_bounds, theorem2_constants
 from featurelab.measurements.ranks import numerical_rank, singular_values
+from featurelab.models import Conv, Dense, Flatten, ResBlock
 from featurelab.models.conv import unfold_after_conv, unfold_in, unfold_out
 
 D = torch.float64
@@ -49,8 +52,13 @@ def test_unfoldings_index_the_right_entries(gen):
 
 
 def test_fact9_ratio_at_least_one_over_rank(gen):
-    net = HomogeneousNet([Dense(6, 5, generator=gen), ResBlock("free", 5, 4, 3, sigma_in="linear", generator=gen),
-                          Dense(3, 1, 1.0, generator=gen)])
+    net = HomogeneousNet(
+        [
+            Dense(6, 5, generator=gen),
+            ResBlock("free", 5, 4, 3, sigma_in="linear", generator=gen),
+            Dense(3, 1, 1.0, generator=gen),
+        ]
+    )
     with torch.no_grad():
         net.stages[0].weight[:, 3:] = 0  # rank 3
     for B, r in zip(net.weight_matrices(), layer_ratios(net)):
@@ -60,10 +68,18 @@ def test_fact9_ratio_at_least_one_over_rank(gen):
 def tail_net(g, s=0.5):
     """conv (linear) -> conv (linear, stride 2) -> FC after conv -> linear ResNetFree -> FC -> w."""
     kw = {"generator": g, "init_scale": s}
-    return HomogeneousNet([Conv(2, 3, 3, padding=1, leak=1.0, **kw), Conv(3, 3, 3, stride=2, padding=1, leak=1.0, **kw),
-                           Flatten(), Dense(12, 6, 1.0, **kw),
-                           ResBlock("free", 6, 5, 6, sigma_in="linear", sigma_out="linear", **kw),
-                           Dense(6, 4, 1.0, **kw), Dense(4, 1, 1.0, **kw)], input_shape=(2, 4, 4))
+    return HomogeneousNet(
+        [
+            Conv(2, 3, 3, padding=1, leak=1.0, **kw),
+            Conv(3, 3, 3, stride=2, padding=1, leak=1.0, **kw),
+            Flatten(),
+            Dense(12, 6, 1.0, **kw),
+            ResBlock("free", 6, 5, 6, sigma_in="linear", sigma_out="linear", **kw),
+            Dense(6, 4, 1.0, **kw),
+            Dense(4, 1, 1.0, **kw),
+        ],
+        input_shape=(2, 4, 4),
+    )
 
 
 def test_fact9_derived_bound_holds_at_random_weights(gen):
@@ -75,7 +91,7 @@ def test_fact9_derived_bound_holds_at_random_weights(gen):
         assert [c.stage for c in consts] == [0, 1, 3, 4, 5, 6]
         by_stage = {c.stage: c for c in consts}
         # switch costs: FC after conv r = min(3, 4) = 3; conv r = min(3, 9) = 3; ResNetFree r = 2
-        assert by_stage[3].rho == pytest.approx(1 / 2)   # ρ_3 = 1/r_block
+        assert by_stage[3].rho == pytest.approx(1 / 2)  # ρ_3 = 1/r_block
         assert by_stage[1].rho == pytest.approx(1 / (2 * 3))  # × 1/r_(FC after conv)
         assert by_stage[0].rho == pytest.approx(1 / (2 * 3 * 3))
         assert by_stage[0].rho_paper == pytest.approx(1 / (8 * 9))
@@ -105,8 +121,13 @@ def test_fact9_bound_holds_under_gd_up_to_drift():
         def on_log(self, step, model, row):
             margins.extend(r - b for r, b, _ in theorem2_bounds(consts, model).values())
 
-    train(net, d, TrainConfig(objective="logistic", lam=0.0, phases=[Phase(optimizer="sgd", lr=0.05, steps=200)],
-                              log_every=20), callbacks=[Check()], progress=False)
+    train(
+        net,
+        d,
+        TrainConfig(objective="logistic", lam=0.0, phases=[Phase(optimizer="sgd", lr=0.05, steps=200)], log_every=20),
+        callbacks=[Check()],
+        progress=False,
+    )
     assert min(margins) >= -1e-3
 
 

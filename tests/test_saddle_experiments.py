@@ -1,15 +1,18 @@
-"""THEORY.md Part 4 §7: the experiments' analyses, and the slow digits reproduction."""
+"""docs/theory/saddle-to-saddle.md §7: the experiments' analyses, and the slow digits reproduction."""
+
 import math
 
 import pytest
 
-from featurelab.experiments.saddle_digits import Config, cross_entropy_gradient, seed_checks, summarize
+from featurelab.experiments.saddle_digits import Config, seed_checks, summarize
+from featurelab.measurements.escape import cross_entropy_gradient
 from featurelab.runs import run_experiment
 
 
 def test_cross_entropy_gradient_is_grad_at_zero():
     """G = ∇_Y C(0) of mean cross-entropy equals autograd's gradient at zero outputs."""
     import torch
+
     y = torch.tensor([0, 2, 1, 2, 2])
     out = torch.zeros(5, 3, dtype=torch.float64, requires_grad=True)
     torch.nn.functional.cross_entropy(out, y).backward()
@@ -27,12 +30,30 @@ def test_escape_circle_tiny_runs_and_reports_example1(tmp_path):
 def test_seed_checks_read_the_plateaus():
     cfg = Config()
     rw_second = [0.3, 0.07, 0.07, 0.07, 0.07, 0.008]
-    res = {"plateaus": [
-        {"start": 0, "end": 12000, "mid": 6000, "length": 12000, "level": math.log(10), "escape": 12250,
-         "r_W": [0.9] * 6},
-        {"start": 13000, "end": 36000, "mid": 24500, "length": 23000, "level": 1.8, "escape": 36250,
-         "r_W": rw_second}],
-        "final_loss": 0.01, "final_s2_s1": [0.9, 0.8, 0.5, 0.4, 0.2, 0.3]}
+    res = {
+        "plateaus": [
+            {
+                "start": 0,
+                "end": 12000,
+                "mid": 6000,
+                "length": 12000,
+                "level": math.log(10),
+                "escape": 12250,
+                "r_W": [0.9] * 6,
+            },
+            {
+                "start": 13000,
+                "end": 36000,
+                "mid": 24500,
+                "length": 23000,
+                "level": 1.8,
+                "escape": 36250,
+                "r_W": rw_second,
+            },
+        ],
+        "final_loss": 0.01,
+        "final_s2_s1": [0.9, 0.8, 0.5, 0.4, 0.2, 0.3],
+    }
     c = seed_checks(cfg, res)
     assert c["two_plateaus_first_ln10"] and c["second_plateau"] and c["deep_rank_one"]
     assert c["first_layer_less_rank_one"] and c["final_loss_ok"] and c["second_sv_grows"]
@@ -43,7 +64,9 @@ def test_seed_checks_read_the_plateaus():
 def test_minibatches_keep_the_last_partial_batch():
     """drop_last=False (the digits preset): each epoch of ceil(n/b) batches covers every sample once."""
     import torch
+
     from featurelab.training.trainer import _batches
+
     for epoch in range(3):
         idx = [_batches(10, 4, 7, epoch * 3 + k, "cpu", drop_last=False) for k in range(3)]
         assert [len(i) for i in idx] == [4, 4, 2]
@@ -62,10 +85,17 @@ def test_digits_quick_reproduces_saddle_to_saddle(tmp_path):
 def test_final_loss_is_a_median_so_one_last_spike_is_not_read():
     """summarize: final_loss = median of the last 5 logged losses (A4's smoothing); last_loss is raw."""
     import pandas as pd
+
     loss = [math.log(10)] * 40 + [0.004, 0.001, 0.002, 0.003, 0.9]
-    hist = pd.DataFrame({"step": [250 * i for i in range(len(loss))], "loss": loss, "train_error": 0.0,
-                         **{f"rW{l}": 0.1 for l in range(1, 7)},
-                         **{f"sv{l}_{i}": 1.0 / i for l in range(1, 7) for i in (1, 2)}})
+    hist = pd.DataFrame(
+        {
+            "step": [250 * i for i in range(len(loss))],
+            "loss": loss,
+            "train_error": 0.0,
+            **{f"rW{l}": 0.1 for l in range(1, 7)},
+            **{f"sv{l}_{i}": 1.0 / i for l in range(1, 7) for i in (1, 2)},
+        }
+    )
     res = summarize(Config(), hist)
     assert res["final_loss"] == 0.003 and res["last_loss"] == 0.9
     assert seed_checks(Config(), res)["final_loss_ok"]

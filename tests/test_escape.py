@@ -1,14 +1,28 @@
-"""THEORY.md Part 4 §7: localized loss, escape directions and the propositions (float64)."""
+"""docs/theory/saddle-to-saddle.md §7: localized loss, escape directions and the propositions (float64)."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from featurelab import (MLP, FeaturelabError, blowup_time, circle_dataset, escape_norm, escape_speed, escape_time,
-                        extend_depth, find_escape_directions, layer_diagnostics, localized_loss, prop33_check,
-                        prop34_check, rank_one_chain, theorem31_bound)
+from featurelab import MLP, FeaturelabError
+from featurelab.data import circle_dataset
 from featurelab.experiments.escape_circle import eq6_curve, rank_one_curve
+from featurelab.measurements import (
+    blowup_time,
+    escape_norm,
+    escape_speed,
+    escape_time,
+    extend_depth,
+    find_escape_directions,
+    layer_diagnostics,
+    localized_loss,
+    prop33_check,
+    prop34_check,
+    rank_one_chain,
+    theorem31_bound,
+)
 from featurelab.measurements.escape import forward
 from featurelab.measurements.ranks import numerical_rank
 
@@ -25,13 +39,19 @@ def sq_norm(Ws):
 
 def rank_two():
     """Example 1's rank-two optimum (§5), W_3 = [-1] for G = ((-1)^j)."""
-    return [0.5 * torch.tensor([[1.0, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float64),
-            0.5 * torch.tensor([[1.0, -1, 1, -1]], dtype=torch.float64), torch.tensor([[-1.0]], dtype=torch.float64)]
+    return [
+        0.5 * torch.tensor([[1.0, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float64),
+        0.5 * torch.tensor([[1.0, -1, 1, -1]], dtype=torch.float64),
+        torch.tensor([[-1.0]], dtype=torch.float64),
+    ]
 
 
 def rank_one(phi=0.0, sign=1.0):
-    return [torch.tensor([[math.cos(phi), math.sin(phi)]], dtype=torch.float64),
-            torch.tensor([[1.0]], dtype=torch.float64), torch.tensor([[sign]], dtype=torch.float64)]
+    return [
+        torch.tensor([[math.cos(phi), math.sin(phi)]], dtype=torch.float64),
+        torch.tensor([[1.0]], dtype=torch.float64),
+        torch.tensor([[sign]], dtype=torch.float64),
+    ]
 
 
 # ------------------------------------------------------------------------ §2 homogeneity
@@ -51,13 +71,15 @@ def test_homogeneity_and_euler(L, gen):
 
 
 def test_localized_loss_is_trace_in_both_conventions(gen):
-    """Tr[Gᵀ Y] with THEORY's columns equals Σ G∘Y with rows; the MLP gives the same number as its weights."""
+    """Tr[Gᵀ Y] with the papers' columns equals Σ G∘Y with rows; the MLP gives the same number as its weights."""
     net = MLP(3, 2, 4, 3, bias=0.0, init="absolute", init_scale=1.0, seed=3, dtype=torch.float64)
     X = torch.randn(6, 3, generator=gen, dtype=torch.float64)
     G = torch.randn(6, 2, generator=gen, dtype=torch.float64)
     Y = net(X).detach()
     assert float(localized_loss(net, X, G).detach()) == pytest.approx(float(torch.trace(G @ Y.T)), rel=1e-12)
-    assert float(localized_loss(net, X, G).detach()) == pytest.approx(float(localized_loss(net.weight_matrices(), X, G).detach()))
+    assert float(localized_loss(net, X, G).detach()) == pytest.approx(
+        float(localized_loss(net.weight_matrices(), X, G).detach())
+    )
 
 
 def test_speed_bound_on_sphere(gen):
@@ -130,9 +152,11 @@ def test_example1_rank_two_optimum():
     flipped = Ws[:2] + [-Ws[2]]
     assert float(localized_loss(flipped, X, circle_dataset(flip=True)[1])) == pytest.approx(-0.5, abs=1e-12)
     # padding to width 4 changes nothing
-    padded = [torch.cat([Ws[0], torch.zeros(0, 2, dtype=torch.float64)]),
-              torch.cat([Ws[1], torch.zeros(3, 4, dtype=torch.float64)]),
-              torch.cat([Ws[2], torch.zeros(1, 3, dtype=torch.float64)], dim=1)]
+    padded = [
+        torch.cat([Ws[0], torch.zeros(0, 2, dtype=torch.float64)]),
+        torch.cat([Ws[1], torch.zeros(3, 4, dtype=torch.float64)]),
+        torch.cat([Ws[2], torch.zeros(1, 3, dtype=torch.float64)], dim=1),
+    ]
     assert float(localized_loss(padded, X, G)) == pytest.approx(-0.5, abs=1e-12)
 
 
@@ -157,8 +181,11 @@ def test_batched_restarts_equal_single_runs():
     """One batched search of 3 restarts = 3 single searches from the same starts."""
     X, G = circle_dataset()
     gen = torch.Generator().manual_seed(5)
-    init = [torch.randn(3, 4, 2, generator=gen, dtype=torch.float64), torch.randn(3, 4, 4, generator=gen, dtype=torch.float64),
-            torch.randn(3, 1, 4, generator=gen, dtype=torch.float64)]
+    init = [
+        torch.randn(3, 4, 2, generator=gen, dtype=torch.float64),
+        torch.randn(3, 4, 4, generator=gen, dtype=torch.float64),
+        torch.randn(3, 1, 4, generator=gen, dtype=torch.float64),
+    ]
     batched = find_escape_directions(X, G, 3, 4, restarts=3, steps=200, init=init)
     for i in range(3):
         single = find_escape_directions(X, G, 3, 4, restarts=1, steps=200, init=[W[i] for W in init])
@@ -245,9 +272,9 @@ def test_prop32_random_nets(gen):
         assert float(localized_loss(raw, X, G)) <= l0 + 1e-10
         assert sq_norm(raw) <= L + k + 1e-10
         assert escape_speed(extend_depth(Ws, X, G, k), X, G) >= escape_speed(Ws, X, G) - 1e-10
-        assert all(numerical_rank(W, 1e-9) == 1 for W in raw[L - 2:])
+        assert all(numerical_rank(W, 1e-9) == 1 for W in raw[L - 2 :])
         pre = forward(raw, X)[0]
-        assert all((z >= -1e-12).all() for z in pre[L - 1:L + k - 1])
+        assert all((z >= -1e-12).all() for z in pre[L - 1 : L + k - 1])
         checked += 1
 
 
@@ -282,7 +309,8 @@ def test_prop33_near_rank_one_input(gen):
     chain = rank_one_chain(u, v, G, L, w)
     clean = v[:, None] * u[None, :]
     assert float(localized_loss(chain, clean, G)) == pytest.approx(
-        -float(torch.linalg.norm(G.T @ v) * torch.linalg.norm(u)), rel=1e-12)
+        -float(torch.linalg.norm(G.T @ v) * torch.linalg.norm(u)), rel=1e-12
+    )
     res = find_escape_directions(X, G, L, w, restarts=1, steps=6000, init=chain)
     check = prop33_check(res.run(0), X, G, u, v, eps)
     assert check["precondition"]

@@ -1,12 +1,21 @@
-"""THEORY.md Part 2 §5, checkable facts 1-6: the exact linear representation cost, its large-depth
+"""docs/theory/bottleneck-rank.md §5, checkable facts 1-6: the exact linear representation cost, its large-depth
 expansion, the depth fit and pseudo-determinants (float64)."""
+
 import math
 
 import pytest
 import torch
 
-from featurelab import (FeaturelabError, balanced_factorization, estimate_representation_cost, linear_expansion,
-                        linear_representation_cost, log_pdet, pdet, pseudo_log)
+from featurelab import FeaturelabError
+from featurelab.measurements import (
+    balanced_factorization,
+    estimate_representation_cost,
+    linear_expansion,
+    linear_representation_cost,
+    log_pdet,
+    pdet,
+    pseudo_log,
+)
 
 
 def orthonormal(n, k, gen):
@@ -56,8 +65,10 @@ def test_no_factorization_beats_the_linear_cost(gen):
         A = chain(Ws)
         B = balanced_factorization(A, L)
         k = B[0].shape[0]
-        Gs = [torch.eye(k, dtype=torch.float64) + 0.5 * torch.randn(k, k, generator=gen, dtype=torch.float64)
-              for _ in range(L - 1)]
+        Gs = [
+            torch.eye(k, dtype=torch.float64) + 0.5 * torch.randn(k, k, generator=gen, dtype=torch.float64)
+            for _ in range(L - 1)
+        ]
         moved = [Gs[0] @ B[0]]
         moved += [torch.linalg.solve(Gs[l - 1].T, (Gs[l] @ B[l]).T).T for l in range(1, L - 1)]
         moved += [torch.linalg.solve(Gs[-1].T, B[-1].T).T]
@@ -95,7 +106,9 @@ def test_expansion_terms_match_pseudo_log(gen):
 
 
 # ---------------------------------------------------------------------------- fact 4
-@pytest.mark.parametrize("depths, slope_tol, icpt_tol", [(range(10, 41, 5), 0.01, 0.1), (range(20, 201, 20), 1e-3, 0.02)])
+@pytest.mark.parametrize(
+    "depths, slope_tol, icpt_tol", [(range(10, 41, 5), 0.01, 0.1), (range(20, 201, 20), 1e-3, 0.02)]
+)
 def test_depth_fit_recovers_rank_and_log_pdet(gen, depths, slope_tol, icpt_tol):
     for _ in range(10):
         k = int(torch.randint(1, 5, (1,), generator=gen))
@@ -108,7 +121,7 @@ def test_depth_fit_recovers_rank_and_log_pdet(gen, depths, slope_tol, icpt_tol):
 
 
 def test_two_term_fit_is_biased_at_small_depth(gen):
-    """The 3-term fit beats the 2-term one on L = 4..12 (THEORY.md Part 2 §3.5)."""
+    """The 3-term fit beats the 2-term one on L = 4..12 (docs/theory/bottleneck-rank.md §3.5)."""
     A = with_singular_values([0.3], 3, 3, gen)
     Ls = list(range(4, 13))
     norms = [linear_representation_cost(A, L) for L in Ls]
@@ -117,7 +130,9 @@ def test_two_term_fit_is_biased_at_small_depth(gen):
     assert abs(three.R0 - 1) < abs(two.R0 - 1)
     assert abs(three.R1 - 2 * math.log(0.3)) < abs(two.R1 - 2 * math.log(0.3))
     # the robust intercept median(‖θ‖² − kL) is R⁽¹⁾ + R⁽²⁾/L at the median depth
-    assert two.R1_given_rank == pytest.approx(2 * math.log(0.3) + 2 * math.log(0.3) ** 2 / 8 + 4 / 3 * math.log(0.3) ** 3 / 64, abs=0.05)
+    assert two.R1_given_rank == pytest.approx(
+        2 * math.log(0.3) + 2 * math.log(0.3) ** 2 / 8 + 4 / 3 * math.log(0.3) ** 3 / 64, abs=0.05
+    )
 
 
 # ---------------------------------------------------------------------------- fact 5
@@ -154,11 +169,17 @@ def test_subadditivity_of_linear_costs(gen):
         A = torch.randn(4, 5, generator=gen, dtype=torch.float64)
         B = torch.randn(5, 3, generator=gen, dtype=torch.float64)
         L1, L2 = (int(x) for x in torch.randint(1, 8, (2,), generator=gen))
-        assert linear_representation_cost(A @ B, L1 + L2) <= linear_representation_cost(A, L1) + linear_representation_cost(B, L2) + 1e-9
+        assert (
+            linear_representation_cost(A @ B, L1 + L2)
+            <= linear_representation_cost(A, L1) + linear_representation_cost(B, L2) + 1e-9
+        )
         C = torch.randn(4, 5, generator=gen, dtype=torch.float64)
         L = int(torch.randint(2, 10, (1,), generator=gen))
         # ‖A+C‖_p^p <= ‖A‖_p^p + ‖C‖_p^p with p = 2/L, i.e. R(·;L)/L is sub-additive
-        assert linear_representation_cost(A + C, L) <= linear_representation_cost(A, L) + linear_representation_cost(C, L) + 1e-9
+        assert (
+            linear_representation_cost(A + C, L)
+            <= linear_representation_cost(A, L) + linear_representation_cost(C, L) + 1e-9
+        )
         a = torch.diag(torch.tensor(uniform(gen, 3), dtype=torch.float64))
         b = torch.diag(torch.tensor(uniform(gen, 3), dtype=torch.float64))
         r2 = lambda M: linear_expansion(M).r2

@@ -1,4 +1,5 @@
 """Figure helpers: a headless matplotlib and one way to save (PNG for the report, SVG for papers)."""
+
 from __future__ import annotations
 
 from io import BytesIO
@@ -12,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from .io import write_bytes  # noqa: E402
 
 
-def save_figure(fig: "plt.Figure", folder: str | Path, name: str) -> list[Path]:
+def save_figure(fig: plt.Figure, folder: str | Path, name: str) -> list[Path]:
     """Write `fig` as ``name.png`` (150 dpi) and ``name.svg`` into `folder` atomically; closes it."""
     paths = []
     for ext, kw in (("png", {"dpi": 150}), ("svg", {})):

@@ -1,11 +1,20 @@
-"""THEORY.md Part 3 §7 checks 1, 2, 3 (balanced linear net), 9 and bad input: Prop. 1 reformulation,
+"""docs/theory/sparsity.md §7 checks 1, 2, 3 (balanced linear net), 9 and bad input: Prop. 1 reformulation,
 forces against autograd, exact balance, projected GD on representations."""
+
 import pytest
 import torch
 
-from featurelab import (MLP, FeaturelabError, covariance_pairs, layer_forces, mlp_with_weights, projected_gd_step,
-                        regularized_loss, representation_loss, weights_from_representations)
+from featurelab import MLP, FeaturelabError
+from featurelab.measurements import (
+    covariance_pairs,
+    layer_forces,
+    projected_gd_step,
+    regularized_loss,
+    representation_loss,
+    weights_from_representations,
+)
 from featurelab.measurements.representations import layers
+from featurelab.models import mlp_with_weights
 
 D = torch.float64
 
@@ -85,10 +94,10 @@ def test_forces_homogeneity(gen):
 
 def test_balanced_linear_net_exact_balance(gen):
     """Check 3: X = I, L = 3, σ = id, W_1 = S^⅓Vᵀ, W_2 = S^⅓, W_3 = US^⅓ is exactly balanced, K_l = (YᵀY)^{l/3}
-    (THEORY's columns; ours Y Yᵀ... in rows: Z_l Z_lᵀ = (Y Yᵀ)^{l/3}), ‖θ‖² = 3 Σ s^⅔; doubling Z_1 breaks it."""
+    (the papers' columns; ours Y Yᵀ... in rows: Z_l Z_lᵀ = (Y Yᵀ)^{l/3}), ‖θ‖² = 3 Σ s^⅔; doubling Z_1 breaks it."""
     N, d_out, r = 6, 4, 4
     Y = torch.randn(N, d_out, generator=gen, dtype=D)
-    U, s, Vh = torch.linalg.svd(Y.T, full_matrices=False)  # THEORY's Y (d_out x N) = U S Vᵀ
+    U, s, Vh = torch.linalg.svd(Y.T, full_matrices=False)  # the papers' Y (d_out x N) = U S Vᵀ
     c = torch.diag(s ** (1 / 3))
     m = MLP(N, d_out, [r, r], 3, leak=1.0, bias=0.0, dtype=D)
     with torch.no_grad():
@@ -124,7 +133,7 @@ def test_projected_gd_step_decreases_loss(gen):
 
 
 def test_bad_input(gen):
-    """Issue 5 item 7: one-line errors for tanh in covariance tools, width mismatch and NaN."""
+    """One-line errors for tanh in covariance tools, width mismatch and NaN."""
     m, X, Y = random_net(gen, 1.0, "tanh")
     with pytest.raises(FeaturelabError, match="positively homogeneous"):
         covariance_pairs(m, X)
@@ -155,7 +164,8 @@ def test_covariance_pairs_are_grams(gen):
 
 def test_tikhonov_form_matches_projection_form(gen):
     """Part 3 §2 'Stable evaluation': Tr[Zᵀ(K^σ+εI)^-1 Z] with ε = 1e-8·TrK^σ/N is within ~ε/s_min² of L^rep."""
-    from featurelab import tikhonov_loss
+    from featurelab.measurements import tikhonov_loss
+
     m, X, Y = random_net(gen, 1.0, N=12, widths=(5, 4))
     rep = representation_loss(m, X, Y, 0.1)
     tik = float(tikhonov_loss(m, X, layers(m, X).pre, Y, 0.1))
@@ -166,7 +176,8 @@ def test_tikhonov_form_matches_projection_form(gen):
 
 def test_representation_descent_lowers_the_loss(gen):
     """Projected GD as an optimizer: L^rep decreases step by step and the realized net attains it."""
-    from featurelab import representation_descent
+    from featurelab.measurements import representation_descent
+
     m, X, Y = random_net(gen, 1.0, N=12, widths=(5, 4))
     net, hist = representation_descent(m, X, Y, 0.05, lr=1e-3, steps=5)
     assert len(hist) == 6 and all(b <= a for a, b in zip(hist, hist[1:])) and hist[-1] < hist[0]

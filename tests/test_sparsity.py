@@ -1,9 +1,20 @@
-"""THEORY.md Part 3 §7 checks 4 (merge), 5 (Carathéodory), 7 (1-D pattern merge), 8 (zero-neuron padding)."""
+"""docs/theory/sparsity.md §7 checks 4 (merge), 5 (Carathéodory), 7 (1-D pattern merge), 8 (zero-neuron padding)."""
+
 import pytest
 import torch
 
-from featurelab import (MLP, FeaturelabError, caratheodory_reduce, covariance_pairs, merge_aligned_neurons,
-                        mlp_with_weights, oned, pad_width, pattern_merge, regularized_loss, representation_loss)
+from featurelab import MLP, FeaturelabError
+from featurelab.data import oned
+from featurelab.measurements import (
+    caratheodory_reduce,
+    covariance_pairs,
+    merge_aligned_neurons,
+    pad_width,
+    pattern_merge,
+    regularized_loss,
+    representation_loss,
+)
+from featurelab.models import mlp_with_weights
 
 D = torch.float64
 
@@ -110,6 +121,7 @@ def test_caratheodory_step_pivots_on_the_dominant_entry():
     """Part 3 §5b step 4 with pivoting: along φ ∝ (-1, 3e-5, 0) the step removes coordinate 0 with t ≈ 1
     (a = (0, 1 + 3e-5, 1)), not coordinate 1 with t ≈ 3e4, which would amplify any residual of φ 3e4-fold."""
     from featurelab.measurements.sparsity import caratheodory_weights
+
     phi = torch.tensor([[-1.0], [3e-5], [0.0]], dtype=D)
     a = caratheodory_weights(phi / phi.norm())
     assert a[0] == 0 and a[1] == pytest.approx(1 + 3e-5, rel=1e-12) and a[2] == 1

@@ -1,12 +1,24 @@
-"""THEORY.md Part 2 §5, checkable facts 7, 8, 9 and 11 on random leaky-ReLU MLPs (float64): the exact
+"""docs/theory/bottleneck-rank.md §5, checkable facts 7, 8, 9 and 11 on random leaky-ReLU MLPs (float64): the exact
 Jacobian bound, the Theorem 6 proxy, the NTK trace closed form, rebalancing and Theorem 7, and the
 easy side of the rank sandwich."""
+
 import pytest
 import torch
 
-from featurelab import (MLP, FeaturelabError, balancedness_residual, bottleneck_rank, jacobian, jacobian_ranks,
-                        layer_proxy, ntk_trace, ntk_trace_closed_form, rebalance, theorem3_check, theorem6_check,
-                        theorem7_check)
+from featurelab import MLP, FeaturelabError
+from featurelab.measurements import (
+    balancedness_residual,
+    bottleneck_rank,
+    jacobian,
+    jacobian_ranks,
+    layer_proxy,
+    ntk_trace,
+    ntk_trace_closed_form,
+    rebalance,
+    theorem3_check,
+    theorem6_check,
+    theorem7_check,
+)
 
 
 def random_net(gen, leak=None, bias=1.0, depth=None, widths=None, d_in=4, d_out=3, **kw):
@@ -44,7 +56,9 @@ def test_proxy_is_zero_on_partial_isometries(gen):
     p, _ = torch.linalg.qr(torch.randn(4, 3, generator=gen, dtype=torch.float64))
     assert layer_proxy(q @ p.T, 3) == pytest.approx(0.0, abs=1e-20)
     # e(k) = Σ_{i<=k}(s_i-1)² + Σ_{i>k} s_i² for a diagonal matrix
-    assert layer_proxy(torch.diag(torch.tensor([2.0, 0.5, 0.1], dtype=torch.float64)), 1) == pytest.approx(1 + 0.25 + 0.01)
+    assert layer_proxy(torch.diag(torch.tensor([2.0, 0.5, 0.1], dtype=torch.float64)), 1) == pytest.approx(
+        1 + 0.25 + 0.01
+    )
 
 
 # ---------------------------------------------------------------------------- fact 8

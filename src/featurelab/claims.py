@@ -1,4 +1,5 @@
 """Claims: a paper's statement checked numerically, with what was expected, measured and allowed."""
+
 from __future__ import annotations
 
 import math
@@ -9,7 +10,7 @@ from dataclasses import asdict, dataclass
 class Claim:
     """One checked statement of a paper.
 
-    statement: what is claimed, in words.   reference: where (THEORY.md part/section, paper figure).
+    statement: what is claimed, in words.   reference: where (paper, section or figure, arXiv id).
     expected: the value or range claimed.    measured: what this run measured.
     tolerance: the slack allowed ("" when the check is an inequality).    passed: the verdict.
     """
@@ -42,5 +43,11 @@ def fmt(value, digits: int = 4) -> str:
 
 def claim(statement: str, reference: str, expected, measured, passed: bool, tolerance="") -> Claim:
     """Build a `Claim`, formatting `expected`, `measured` and `tolerance` for the report."""
-    return Claim(statement, reference, expected if isinstance(expected, str) else fmt(expected),
-                 fmt(measured), tolerance if isinstance(tolerance, str) else fmt(tolerance), bool(passed))
+    return Claim(
+        statement,
+        reference,
+        expected if isinstance(expected, str) else fmt(expected),
+        fmt(measured),
+        tolerance if isinstance(tolerance, str) else fmt(tolerance),
+        bool(passed),
+    )

@@ -1,0 +1,126 @@
+"""Work items: what the sweep hands to a worker process or a Ray task, and what comes back.
+
+A `WorkItem` is one unit, or several fresh units of equal `featurelab.training.ensemble.ensemble_key`
+trained as one batched ensemble. `execute` runs it wherever it lands and writes each unit's
+``result.json`` (atomically, last); it returns one `UnitOutcome` per unit.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import ExperimentConfig
+from ..experiments.base import Experiment, UnitContext
+from ..io import write_json, write_text
+from ..runtime import set_threads
+
+
+@dataclass(frozen=True)
+class UnitOutcome:
+    """One unit's outcome: its result dict, or a one-line error; the wall time it took (an
+    ensemble's members share the ensemble's time)."""
+
+    id: str
+    result: dict | None
+    error: str | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One unit, or an ensemble of fresh same-shape units, of experiment `experiment`."""
+
+    experiment: Experiment
+    config: ExperimentConfig
+    units: tuple[dict, ...]
+    folders: tuple[str, ...]
+    device: str = "cpu"
+    resume: bool = False
+    threads: int = 1
+
+    def with_folders(self, folders) -> WorkItem:
+        return WorkItem(
+            self.experiment,
+            self.config,
+            self.units,
+            tuple(str(f) for f in folders),
+            self.device,
+            self.resume,
+            self.threads,
+        )
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of ``"Type: message"`` for an exception."""
+    return (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
+
+
+def execute_unit(item: WorkItem, unit: dict, folder: str, resume: bool, progress: bool = False) -> UnitOutcome:
+    """Run one unit of `item` in this process and write its ``result.json``; exceptions become
+    one-line errors (the traceback is kept in ``error.txt``)."""
+    set_threads(item.threads)
+    t0 = time.perf_counter()
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        result = item.experiment.execute(item.config, unit, UnitContext(path, item.device, resume, progress))
+        seconds = time.perf_counter() - t0
+        write_json(path / "result.json", {"unit": unit, "seconds": seconds, "result": result})
+        return UnitOutcome(unit["id"], result, None, seconds)
+    except Exception as exc:  # recorded, reported as failed, the sweep goes on
+        write_text(path / "error.txt", traceback.format_exc())
+        return UnitOutcome(unit["id"], None, one_line(exc), time.perf_counter() - t0)
+
+
+def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome]:
+    """Build the item's units (fresh runs of equal `ensemble_key`), train them as one ensemble,
+    ``finish`` each and write each ``result.json``. Falls back to `execute_unit` per unit when the
+    ensemble cannot run (the reason is kept in each folder's ``ensemble_fallback.txt``)."""
+    from ..training.ensemble import train_ensemble
+
+    set_threads(item.threads)
+    exp, cfg = item.experiment, item.config
+    t0 = time.perf_counter()
+    paths = [Path(f) for f in item.folders]
+    for p in paths:
+        p.mkdir(parents=True, exist_ok=True)
+    try:
+        jobs = [exp.build(cfg, u) for u in item.units]
+        trained = train_ensemble(
+            [j.model for j in jobs],
+            [j.data for j in jobs],
+            [j.config for j in jobs],
+            device=item.device,
+            run_dirs=paths,
+            callbacks=[j.callbacks for j in jobs],
+            progress=progress,
+        )
+    except Exception:  # not batchable after all: one by one, from scratch
+        for p in paths:
+            write_text(p / "ensemble_fallback.txt", traceback.format_exc())
+        return [execute_unit(item, u, f, False, progress) for u, f in zip(item.units, item.folders)]
+    seconds = time.perf_counter() - t0
+    out = []
+    for unit, job, res, path in zip(item.units, jobs, trained, paths):
+        try:
+            if isinstance(res, Exception):
+                raise res
+            result = exp.finish(cfg, unit, job.model, res, UnitContext(path, item.device, False, progress))
+            write_json(
+                path / "result.json", {"unit": unit, "seconds": seconds, "ensemble": len(item.units), "result": result}
+            )
+            out.append(UnitOutcome(unit["id"], result, None, seconds))
+        except Exception as exc:
+            write_text(path / "error.txt", traceback.format_exc())
+            out.append(UnitOutcome(unit["id"], None, one_line(exc), seconds))
+    return out
+
+
+def execute(item: WorkItem, progress: bool = False) -> list[UnitOutcome]:
+    """Run one work item: a single unit, or a batched ensemble of several."""
+    if len(item.units) == 1:
+        return [execute_unit(item, item.units[0], item.folders[0], item.resume, progress)]
+    return execute_ensemble(item, progress)
