@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 class Claim:
     """One checked statement of a paper.
 
+    id: a stable name (``"f4-bottleneck-rank"``): tests and users find a claim by it, never by its wording.
     statement: what is claimed, in words.   reference: where (paper, section or figure, arXiv id).
     expected: the value or range claimed.    measured: what this run measured.
     tolerance: the slack allowed ("" when the check is an inequality).    passed: the verdict.
@@ -21,6 +22,7 @@ class Claim:
     measured: str
     tolerance: str
     passed: bool
+    id: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,8 +43,8 @@ def fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
-def claim(statement: str, reference: str, expected, measured, passed: bool, tolerance="") -> Claim:
-    """Build a `Claim`, formatting `expected`, `measured` and `tolerance` for the report."""
+def claim(statement: str, reference: str, expected, measured, passed: bool, tolerance="", *, id: str = "") -> Claim:
+    """Build a `Claim`, formatting `expected`, `measured` and `tolerance` for the report; `id` names it stably."""
     return Claim(
         statement,
         reference,
@@ -50,4 +52,5 @@ def claim(statement: str, reference: str, expected, measured, passed: bool, tole
         fmt(measured),
         tolerance if isinstance(tolerance, str) else fmt(tolerance),
         bool(passed),
+        id,
     )
