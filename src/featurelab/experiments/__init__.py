@@ -29,7 +29,7 @@ EXPERIMENTS: list[Experiment] = [
     leaky_bottleneck.EXPERIMENT,
     leaky_hamiltonian.EXPERIMENT,
     leaky_discretization.EXPERIMENT,
-    # bottleneck rank (Jacot, arXiv 2306.00394)
+    # bottleneck rank (Jacot, arXiv 2305.19008)
     bn_rank_depth.EXPERIMENT,
     symmetry_learning.EXPERIMENT,
     # attraction/repulsion and sparsity (Jacot, Golikov, Hongler, Gabriel, arXiv 2205.15809)

@@ -317,7 +317,7 @@ EXPERIMENT = Experiment(
     name="bn-rank-depth",
     summary="L2-regularized MLPs of several depths on a BN-rank-2 task: minima classified by bottleneck rank, "
     "‖θ‖² slopes equal to ranks, depth favouring recovery of the true rank.",
-    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2306.00394), Fig. 1; "
+    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2305.19008), Fig. 1; "
     "docs/theory/bottleneck-rank.md §4a",
     config=Config,
     presets=PRESETS,

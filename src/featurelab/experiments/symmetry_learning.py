@@ -282,7 +282,7 @@ EXPERIMENT = Experiment(
     name="symmetry-learning",
     summary="An MLP trained on GD loss curves learns a 2-D bottleneck that encodes the curve's invariants (|m|, r) "
     "and forgets the symmetries of the dynamics.",
-    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2306.00394), Sec. 5, Fig. 2; "
+    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2305.19008), Sec. 5, Fig. 2; "
     "docs/theory/bottleneck-rank.md §4b",
     config=Config,
     presets=PRESETS,
