@@ -347,7 +347,7 @@ def analyze(
         except (RuntimeError, TypeError, IndexError) as exc:
             raise FeaturelabError(
                 f"the model failed on X of shape {tuple(X.shape)} ({str(exc).splitlines()[0]}); give X in the shape "
-                "the model takes, rows are samples (conv nets: N x c x H x W)"
+                "the model takes, rows are samples (conv nets: N x c x H x W; command line: --shape c,H,W)"
             ) from None
         if isinstance(net, LeakyResNet):
             reps = [(f"A_{l}", "LeakyResNet", A, A) for l, A in enumerate(net.representations(X))]
@@ -460,6 +460,100 @@ def analyze(
     summary["seconds"] = time.perf_counter() - t0
     summary["notes"] = notes
     return ModelAnalysis(layers, pd.DataFrame(rep_rows), summary, spectra, rep_spectra, balance, rebalanced_spectra)
+
+
+# ------------------------------------------------------------------------ command-line loaders
+def _natural(key: str) -> list:
+    return [int(p) if p.isdigit() else p for p in key.replace("[", ".").split(".")]
+
+
+def weights_module(path: str | Path) -> nn.Module:
+    """The tensors of a safetensors file as modules for a weights-only `analyze`: each ``prefix.weight`` of
+    2/3/4 dims becomes an ``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` (with ``prefix.bias`` when present), any
+    other tensor of >= 2 dims a plain parameter; keys in natural order ("2" before "10"). Never unpickles."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FeaturelabError(f"weights file '{path}' does not exist")
+    try:
+        tensors = load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for a damaged file
+        raise FeaturelabError(f"weights file '{path}' is not a readable safetensors file ({exc})") from None
+    root = nn.Module()
+    for key in sorted(tensors, key=_natural):
+        T = tensors[key].detach().to(torch.float64)
+        prefix, _, leaf = key.rpartition(".")
+        if leaf == "bias" and f"{prefix}.weight" in tensors and tensors[f"{prefix}.weight"].ndim in (2, 3, 4):
+            continue
+        if leaf == "weight" and T.ndim in (2, 3, 4):
+            cls = {2: nn.Linear, 3: nn.Conv1d, 4: nn.Conv2d}[T.ndim]
+            bias = tensors.get(f"{prefix}.bias")
+            m = cls.__new__(cls)
+            nn.Module.__init__(m)
+            m.weight = nn.Parameter(T, requires_grad=False)
+            m.bias = nn.Parameter(bias.to(torch.float64), requires_grad=False) if bias is not None else None
+            root.add_module(prefix.replace(".", "/") or "weight", m)
+        elif T.ndim >= 2:
+            root.register_parameter(key.replace(".", "/"), nn.Parameter(T, requires_grad=False))
+    return root
+
+
+def load_factory(spec: str, weights: str | Path | None = None) -> nn.Module:
+    """The model made by ``package.module:factory`` (called without arguments; the current folder is
+    importable), with a safetensors state dict loaded into it when `weights` is given."""
+    import importlib
+    import sys
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise FeaturelabError(f"target {spec!r} is not allowed: give a .safetensors file or package.module:factory")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise FeaturelabError(f"factory {spec!r}: cannot import module {module_name!r} ({exc})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise FeaturelabError(f"factory {spec!r}: module {module_name!r} has no callable {attr!r}")
+    model = factory()
+    if not isinstance(model, nn.Module):
+        raise FeaturelabError(f"factory {spec!r} returned a {type(model).__name__}, not a torch nn.Module")
+    if weights is not None:
+        from safetensors.torch import load_file
+
+        if not Path(weights).is_file():
+            raise FeaturelabError(f"weights file '{weights}' does not exist")
+        try:
+            model.load_state_dict(load_file(str(weights)))
+        except RuntimeError as exc:
+            raise FeaturelabError(f"weights '{weights}' do not fit {spec!r}: {str(exc).splitlines()[0]}") from None
+    return model
+
+
+def load_inputs(data: str, n: int | None = 1000, shape: tuple[int, ...] | None = None):
+    """(X, Y) of ``digits`` (the first `n` training digits, X ``n x 64``, labels Y) or of an ``.npz`` file
+    with arrays ``X`` (rows are samples) and optionally ``Y``; rows reshaped to `shape` (e.g. (1, 8, 8))."""
+    if data == "digits":
+        from .data.digits import digits
+
+        ds = digits(n)
+        X, Y = ds.X_train, ds.Y_train
+    else:
+        path = Path(data)
+        if path.suffix != ".npz" or not path.is_file():
+            raise FeaturelabError(f"data '{data}' is not allowed: give digits or an existing .npz file")
+        with np.load(path, allow_pickle=False) as arrays:
+            if "X" not in arrays:
+                raise FeaturelabError(f"data file '{data}' has no array X (it has: {', '.join(arrays.files)})")
+            X = torch.from_numpy(arrays["X"])
+            Y = torch.from_numpy(arrays["Y"]) if "Y" in arrays else None
+    if shape is not None:
+        if int(np.prod(shape)) != X[0].numel():
+            raise FeaturelabError(f"shape={shape} does not hold the {X[0].numel()} entries of one sample")
+        X = X.reshape(len(X), *shape)
+    return X, Y
 
 
 # ---------------------------------------------------------------------------------- tracking
