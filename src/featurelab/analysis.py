@@ -350,7 +350,8 @@ def analyze(
                 "the model takes, rows are samples (conv nets: N x c x H x W; command line: --shape c,H,W)"
             ) from None
         if isinstance(net, LeakyResNet):
-            reps = [(f"A_{l}", "LeakyResNet", A, A) for l, A in enumerate(net.representations(X))]
+            with torch.no_grad():
+                reps = [(f"A_{l}", "LeakyResNet", A, A) for l, A in enumerate(net.representations(X))]
         first = {n: i for i, n in reversed(list(enumerate(calls)))}
         module_names = {m: n for n, m in net.named_modules()}
         weights.sort(key=lambda w: first.get(module_names.get(w.module, ""), math.inf))
