@@ -156,9 +156,7 @@ def test_bottleneck_is_invariant_under_rescaling(gen):
 def test_conv_net_kernels_and_image_inputs(data):
     X, Y = data
     torch.manual_seed(3)
-    conv = nn.Sequential(
-        nn.Conv2d(1, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(6 * 16, 10)
-    )
+    conv = nn.Sequential(nn.Conv2d(1, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(6 * 16, 10))
     res = fl.analyze(conv, X.reshape(-1, 1, 8, 8), Y, jacobian=3)
     K = conv[0].weight.detach().double()
     assert res.layers["matrix"][0] == "6x9" and res.layers["shape"][0] == "6x1x3x3"
@@ -220,7 +218,8 @@ def test_featurelab_models(data):
     mlp = fl.MLP(64, 10, 16, 3, bias=0.5, seed=0)
     res = fl.analyze(mlp, X, Y)
     assert len(res.layers) == 3 and res.summary["bottleneck"]["k_mid"] >= 1
-    assert res.layers["bias_sq"][0] == pytest.approx(float(((0.5 * mlp.weights[0][:, -1].detach().double()) ** 2).sum()))
+    b = 0.5 * mlp.weights[0][:, -1].detach().double()
+    assert res.layers["bias_sq"][0] == pytest.approx(float((b**2).sum()))
     net = fl.LeakyResNet(64, 10, 64, 4, 2.0)
     res = fl.analyze(net, X)
     assert list(res.layers["name"]) == ["W[0]", "W[1]", "W[2]", "W[3]"]
