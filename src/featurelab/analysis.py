@@ -209,11 +209,6 @@ def _input_side(a: _Weight, b: _Weight) -> torch.Tensor | None:
     return W.reshape(W.shape[0], units, -1).permute(0, 2, 1).reshape(-1, units)
 
 
-def _top_singular_vectors(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    U, _, Vh = torch.linalg.svd(M, full_matrices=False)
-    return U[:, 0], Vh[0]
-
-
 # ------------------------------------------------------------------------- representations
 def _is_representation(m: nn.Module) -> bool:
     """Activation modules (torch.nn.modules.activation) and custom non-container modules (blocks)."""
@@ -373,8 +368,9 @@ def analyze(
     rows, spectra, balance = [], {}, {}
     by_module = {w.module: w for w in weights if isinstance(w.module, WEIGHTED)}
     pairs = {a: (b, h) for a, b, h in _pairs(net)}
+    svd = {w.name: torch.linalg.svd(w.matrix, full_matrices=False) for w in weights}  # one SVD per matrix
     for w in weights:
-        s = torch.linalg.svdvals(w.matrix)
+        s = svd[w.name].S
         spectra[w.name] = s.numpy()
         row = {
             "name": w.name,
@@ -389,13 +385,13 @@ def analyze(
         }
         row |= spectrum_ranks(s, rel, tol)
         row |= {"balance_mean": np.nan, "balance_residual": np.nan, "alignment": np.nan}
-        nxt = pairs.get(w.module)
-        side = _input_side(w, by_module[nxt[0]]) if nxt else None
+        nxt = by_module[pairs[w.module][0]] if w.module in pairs else None
+        side = _input_side(w, nxt) if nxt else None
         if side is not None:
-            u, _ = _top_singular_vectors(w.matrix)
-            _, v = _top_singular_vectors(side)
-            row["alignment"] = float((u @ v).abs())
-            if nxt[1]:
+            same = side.shape == nxt.matrix.shape  # a Linear after a Linear: its own matrix
+            v = svd[nxt.name].Vh[0] if same else torch.linalg.svd(side, full_matrices=False).Vh[0]
+            row["alignment"] = float((svd[w.name].U[:, 0] @ v).abs())
+            if pairs[w.module][1]:
                 incoming = (w.matrix**2).sum(1) + (w.bias**2 if w.bias is not None else 0.0)
                 diff = incoming - (side**2).sum(0)
                 total = incoming + (side**2).sum(0)
@@ -420,7 +416,7 @@ def analyze(
     summary["bottleneck"] = None
     if mlp is not None:
         try:
-            reb = rebalance(mlp, tol=1e-8, max_sweeps=20000)
+            reb = rebalance(mlp, tol=1e-6, max_sweeps=20000)  # singular values move by O(tol)
         except FeaturelabError as exc:
             reason = str(exc)
         else:

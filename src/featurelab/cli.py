@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--retries", type=int, default=2, help="Ray: re-runs of a task whose worker died (default 2)")
     r.set_defaults(func=_cmd_run)
     b = sub.add_parser("bench", help="measure speed: matmul peak, batched ensembles, diagnostics, quick presets")
-    b.add_argument("--only", default=None, help="comma-separated figures among a,b,c,d,e (default all)")
+    b.add_argument("--only", default=None, help="comma-separated figures among a,b,c,d,e,f (default all)")
     b.add_argument("--experiments", default=None, help="comma-separated experiments for (e) (default all)")
     b.add_argument("--out", default="bench.json", help="JSON file for the results (default bench.json)")
     b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
