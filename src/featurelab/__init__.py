@@ -6,7 +6,8 @@ public API; the papers write columns.
 
 The top level holds the core names; everything else lives in a namespace by concept:
 `featurelab.models`, `featurelab.data`, `featurelab.training`, `featurelab.measurements`,
-`featurelab.experiments` and `featurelab.runs` (docs/api.md).
+`featurelab.experiments` and `featurelab.runs` (docs/api.md). `analyze` measures any PyTorch model
+(docs/analyze.md); `from_torch`/`to_torch` convert Linear/activation chains to and from `MLP`.
 """
 
 import importlib as _importlib
@@ -14,9 +15,10 @@ import warnings as _warnings
 
 from . import data, experiments, measurements, models, runs, training
 from ._version import __version__
+from .analysis import analyze
 from .data import Dataset, digits
 from .errors import FeaturelabError
-from .models import MLP, HomogeneousNet, LeakyResNet
+from .models import MLP, HomogeneousNet, LeakyResNet, from_torch, to_torch
 from .runs import RunRecord, render_report, run_experiment
 from .training import Phase, TrainConfig, load_model, save_model, train, train_ensemble
 
@@ -43,6 +45,9 @@ __all__ = [
     "render_report",
     "RunRecord",
     "FeaturelabError",
+    "analyze",
+    "from_torch",
+    "to_torch",
 ]
 
 _NAMESPACES = ("measurements", "models", "data", "training")

@@ -12,7 +12,10 @@
     batched in one `find_escape_directions` call versus 64 calls with ``restarts=1``: speedup ratio.
 (d) `geodesic_diagnostics` of the paper-size network: seconds, and as a multiple of one step of (a).
 (e) the end-to-end wall time of each experiment's quick preset (budget: 5 minutes each).
-Targets (benchmarks, never tests): (a) >= 75% of peak, (b) >= 5x, (c) >= 10x, (d) <= 20 steps.
+(f) `featurelab.analyze` of a 12-layer width-512 ReLU MLP with biases (``nn.Sequential``) on N = 2000
+    inputs, weights and representations, and weights only; baseline: WeightWatcher's weight-only
+    ``analyze()`` of the same model when it is installed, else a numpy SVD loop over its weight matrices.
+Targets (benchmarks, never tests): (a) >= 75% of peak, (b) >= 5x, (c) >= 10x, (d) <= 20 steps, (f) <= 60 s.
 Nothing here changes torch's global thread settings: every figure, and its baseline, uses the process's
 threads (the CLI sets them with ``--threads``, default 1 like a sweep worker; (e) runs its own workers).
 """
@@ -30,8 +33,8 @@ import torch
 from .errors import FeaturelabError
 from .runtime import resolve_device, versions
 
-FIGURES = ("a", "b", "c", "d", "e")
-TARGETS = {"a": 0.75, "b": 5.0, "c": 10.0, "d": 20.0, "e": 300.0}
+FIGURES = ("a", "b", "c", "d", "e", "f")
+TARGETS = {"a": 0.75, "b": 5.0, "c": 10.0, "d": 20.0, "e": 300.0, "f": 60.0}
 PAPER = {"d": 20, "width": 200, "depth": 50, "n": 1000, "effective_depth": 5.0, "lam": 0.002}
 
 
@@ -223,6 +226,51 @@ def bench_quick_presets(names: list[str], device: str, echo=print) -> dict:
     return out
 
 
+def bench_analyze(n: int = 2000, width: int = 512, depth: int = 12) -> dict:
+    """(f): seconds of `analyze` (with data, and weights only) against a weight-only baseline."""
+    import numpy as np
+    from torch import nn
+
+    from .analysis import analyze
+
+    g = torch.Generator().manual_seed(0)
+    layers = []
+    for i in range(depth):
+        layers.append(nn.Linear(width, width if i < depth - 1 else 10))
+        if i < depth - 1:
+            layers.append(nn.ReLU())
+    model = nn.Sequential(*layers)
+    X = torch.randn(n, width, generator=g)
+    with Stopwatch() as full:
+        analyze(model, X)
+    with Stopwatch() as weights:
+        analyze(model)
+    try:
+        import weightwatcher
+
+        baseline = "WeightWatcher analyze()"
+        with Stopwatch() as base:
+            weightwatcher.WeightWatcher(model=model).analyze()
+    except ImportError:
+        baseline = "numpy SVD loop"
+        with Stopwatch() as base:
+            for m in model:
+                if isinstance(m, nn.Linear):
+                    np.linalg.svd(m.weight.detach().double().numpy(), compute_uv=False)
+    return {
+        "n": n,
+        "width": width,
+        "depth": depth,
+        "seconds": full.wall,
+        "weights_only_seconds": weights.wall,
+        "cpu_seconds": full.cpu,
+        "baseline": baseline,
+        "baseline_seconds": base.wall,
+        "target": f"<= {TARGETS['f']:g} s",
+        "reached": full.wall <= TARGETS["f"],
+    }
+
+
 def _rows(results: dict) -> list[tuple[str, str, str, str, str]]:
     rows = []
     if "a" in results:
@@ -270,6 +318,17 @@ def _rows(results: dict) -> list[tuple[str, str, str, str, str]]:
                 str(r["reached"]),
             )
         )
+    if "f" in results:
+        r = results["f"]
+        rows.append(
+            (
+                f"(f) analyze {r['depth']}x{r['width']} MLP, N={r['n']}",
+                f"{r['seconds']:.2f} s (weights only {r['weights_only_seconds']:.2f} s)",
+                f"{r['baseline']} {r['baseline_seconds']:.2f} s",
+                r["target"],
+                str(r["reached"]),
+            )
+        )
     for name, r in results.get("e", {}).items():
         rows.append(
             (
@@ -290,7 +349,7 @@ def run_bench(
     device: str = "cpu",
     echo=print,
 ) -> dict:
-    """Measure the figures in `only` (default all of a-e), print a table, write JSON to `out`; returns it.
+    """Measure the figures in `only` (default all of a-f), print a table, write JSON to `out`; returns it.
 
     experiments: the experiments whose quick presets (e) times (default: every registered one).
     """
@@ -313,6 +372,8 @@ def run_bench(
         results["c"] = bench_escape()
     if "d" in only:
         results["d"] = bench_diagnostics(dev, results.get("a", {}).get("step_seconds"))
+    if "f" in only:
+        results["f"] = bench_analyze()
     if "e" in only:
         results["e"] = bench_quick_presets(names, str(dev), echo)
     rows = [("figure", "measured", "baseline (same run)", "target", "reached")] + _rows(results)

@@ -1,4 +1,4 @@
-"""The ``featurelab`` command line: list, run, bench, report.
+"""The ``featurelab`` command line: list, run, bench, report, analyze.
 
 A user's mistake (bad key, value, path, device) prints one line ``featurelab: error: ...`` and exits
 with status 2; never a stack trace.
@@ -72,6 +72,23 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_analyze(args) -> int:
+    from .analysis import analyze, load_factory, load_inputs, weights_module
+    from .runtime import set_threads
+
+    set_threads(args.threads)
+    shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else None
+    if args.target.endswith(".safetensors"):
+        model, X, Y = weights_module(args.target), None, None
+    else:
+        model = load_factory(args.target, args.weights)
+        X, Y = load_inputs(args.data, args.n, shape) if args.data else (None, None)
+    result = analyze(model, X, Y, jacobian=args.jacobian)
+    print(result)
+    print(f"report: {result.report(args.out, title=f'analysis of {args.target}').resolve()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="featurelab",
@@ -97,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--retries", type=int, default=2, help="Ray: re-runs of a task whose worker died (default 2)")
     r.set_defaults(func=_cmd_run)
     b = sub.add_parser("bench", help="measure speed: matmul peak, batched ensembles, diagnostics, quick presets")
-    b.add_argument("--only", default=None, help="comma-separated figures among a,b,c,d,e (default all)")
+    b.add_argument("--only", default=None, help="comma-separated figures among a,b,c,d,e,f (default all)")
     b.add_argument("--experiments", default=None, help="comma-separated experiments for (e) (default all)")
     b.add_argument("--out", default="bench.json", help="JSON file for the results (default bench.json)")
     b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
@@ -106,6 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="rebuild report.html of a finished run folder")
     rep.add_argument("run_dir")
     rep.set_defaults(func=_cmd_report)
+    a = sub.add_parser("analyze", help="ranks, spectra and representations of a model: table, figures, report.html")
+    a.add_argument("target", help="weights.safetensors (weights only) or package.module:factory")
+    a.add_argument("--data", default=None, help="digits or a .npz file with X (and Y) for a factory's model")
+    a.add_argument("--n", type=int, default=1000, help="digits samples (default 1000)")
+    a.add_argument("--shape", default=None, help="reshape each row, e.g. 1,8,8 for a conv net on digits")
+    a.add_argument("--weights", default=None, help="safetensors state dict to load into the factory's model")
+    a.add_argument("--jacobian", type=int, default=0, help="samples for the Jacobian rank and NTK trace (0: off)")
+    a.add_argument("--out", default="analysis", help="output folder (default ./analysis)")
+    a.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    a.set_defaults(func=_cmd_analyze)
     return p
 
 

@@ -57,7 +57,15 @@ from .invariances import (
 )
 from .jacobian import jacobian, jacobian_ranks, ntk_trace, ntk_trace_closed_form
 from .paths import enumerate_paths, path_enumeration, tree_network
-from .ranks import effective_rank, nuclear_rank, numerical_rank, singular_values, stable_rank
+from .ranks import (
+    effective_rank,
+    entropy_rank,
+    nuclear_rank,
+    numerical_rank,
+    singular_values,
+    spectrum_ranks,
+    stable_rank,
+)
 from .representation_cost import (
     balanced_factorization,
     estimate_representation_cost,
@@ -91,6 +99,8 @@ __all__ = [
     "stable_rank",
     "nuclear_rank",
     "effective_rank",
+    "entropy_rank",
+    "spectrum_ranks",
     "numerical_rank",
     "cost_of_identity",
     "backward_variables",

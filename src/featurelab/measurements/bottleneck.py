@@ -17,17 +17,20 @@ import torch
 
 from ..checks import as_matrix, int_at_least, positive
 from ..errors import FeaturelabError
+from ..models.convert import as_mlp
 from ..runtime import float64_copy
 from .jacobian import jacobian, jacobian_ranks, ntk_trace
 from .ranks import singular_values
 from .representation_cost import log_pdet
 
 
-def _check_mlp(model, homogeneous: bool = False) -> None:
+def _check_mlp(model, homogeneous: bool = False):
+    """`model` as an `MLP` (a plain Linear/activation chain is converted by `from_torch`), or a one-line error."""
     if not hasattr(model, "weight_matrices") or not hasattr(model, "with_bias"):
-        raise FeaturelabError(f"model must be a featurelab MLP, got {type(model).__name__}")
+        model = as_mlp(model)
     if homogeneous and not model.homogeneous:
         raise FeaturelabError(f"model has activation={model.activation!r}; this needs a homogeneous (leaky-ReLU) MLP")
+    return model
 
 
 def _sq_norm(model) -> float:
@@ -66,7 +69,7 @@ def theorem3_check(model, X, R1_hat: float, k: int, tol: float = 1e-3) -> Theore
     model: `MLP`; X: ``N x d_in`` (rows are samples); R1_hat: an estimate of R⁽¹⁾ (e.g. the depth fit's
     intercept); k: the rank class. Samples whose numerical Jacobian rank (relative `tol`) is k enter the max.
     """
-    _check_mlp(model)
+    model = _check_mlp(model)
     X = as_matrix("X", X)
     int_at_least("k", k, 1)
     J = jacobian(model, X)
@@ -118,7 +121,7 @@ def theorem6_check(model, x, k: int | None = None, p: float = 0.25, tol: float =
     model: `MLP` with |a| <= 1; x: one sample (1-D, length d_in); k: default the numerical Jacobian
     rank (relative `tol`); p in (0, 1) for the share of layers within S/(pL).
     """
-    _check_mlp(model)
+    model = _check_mlp(model)
     x = _one_sample(model, x)
     if not 0 < p < 1:
         raise FeaturelabError(f"p={p!r} is not allowed: it must be in (0, 1)")
@@ -157,7 +160,7 @@ def balancedness_residual(model) -> list[torch.Tensor]:
     """|in − out| / (in + out) per hidden neuron, in = ‖W_ℓ[i,:]‖² + b_ℓ[i]², out = ‖W_{ℓ+1}[:,i]‖²
     (docs/theory/bottleneck-rank.md §2.4, §3.9); zero at every critical point of C + λ‖θ‖². Dead neurons
     (in + out = 0) count as balanced. Returns one float64 tensor per hidden layer (length n_ℓ)."""
-    _check_mlp(model, homogeneous=True)
+    model = _check_mlp(model, homogeneous=True)
     return [
         torch.where(i + o > 0, (i - o).abs() / (i + o).clamp_min(1e-300), torch.zeros_like(i))
         for i, o in _in_out(model)
@@ -172,7 +175,7 @@ def rebalance(model, tol: float = 1e-12, max_sweeps: int = 100000):
     in = 0 or out = 0 contributes nothing to f and is zeroed. Computed in float64, stored in the
     model's dtype. Needs a leaky-ReLU `MLP`.
     """
-    _check_mlp(model, homogeneous=True)
+    model = _check_mlp(model, homogeneous=True)
     positive("tol", tol)
     int_at_least("max_sweeps", max_sweeps, 1)
     out_model = copy.deepcopy(model)
@@ -225,7 +228,7 @@ def theorem7_check(model, x, k: int | None = None, tol: float = 1e-3) -> Theorem
     (1/L)Σ_ℓ(‖α_{ℓ-1}(x)‖² + β²) <= (TrΘ(x,x)/(kL))·exp((max(c₁,0) − 2log|Jf(x)|_+)/k), c₁ = ‖θ‖² − kL,
     for balanced θ (use `rebalance` first on Adam-trained nets) and k = Rank Jf(x) (default: numerical,
     relative `tol`). model: leaky-ReLU `MLP`; x: one sample (1-D)."""
-    _check_mlp(model, homogeneous=True)
+    model = _check_mlp(model, homogeneous=True)
     x = _one_sample(model, x)
     if k is None:
         k = int(jacobian_ranks(model, x, tol))
@@ -262,7 +265,7 @@ def bottleneck_rank(model, threshold: float = 0.1) -> BottleneckRank:
     §4a): k_mid = median (lower) over ℓ in [L/4, 3L/4] of #{s_i(W_ℓ) > threshold}, absolute
     threshold (0.1 is the paper's believed value). Do not use the Jacobian rank for this: small
     leftover singular directions hide in it."""
-    _check_mlp(model)
+    model = _check_mlp(model)
     positive("threshold", threshold)
     layers = middle_layers(model.depth)
     Ws = model.weight_matrices()
@@ -273,7 +276,7 @@ def bottleneck_rank(model, threshold: float = 0.1) -> BottleneckRank:
 def representation_spectra(model, X, centred: bool = True) -> list[torch.Tensor]:
     """Singular values of α̃_ℓ(X)/√N for ℓ = 1..L (docs/theory/bottleneck-rank.md §3.10), centred over samples by
     default. X: ``N x d_in`` (rows are samples); float64."""
-    _check_mlp(model)
+    model = _check_mlp(model)
     pre = float64_copy(model)(as_matrix("X", X), return_layers=True).pre
     return [torch.linalg.svdvals(((z - z.mean(0)) if centred else z) / np.sqrt(len(z))) for z in pre]
 

@@ -9,6 +9,7 @@ computed in float64 on a float64 copy of the stored parameters, with `torch.func
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch.func import functional_call, jacrev, vmap
 
@@ -17,6 +18,8 @@ from ..errors import FeaturelabError
 from ..runtime import float64_copy
 from .ranks import numerical_rank
 
+TRAIN_MODE_LAYERS = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
+
 
 def _float64_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     state = {k: v.detach().to(torch.float64) for k, v in model.named_parameters()}
@@ -24,33 +27,69 @@ def _float64_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def check_eval_mode(model: torch.nn.Module) -> None:
+    """One-line error when a Dropout or BatchNorm layer is in train mode (random or batch-coupled outputs
+    have no per-sample Jacobian): call ``model.eval()`` first."""
+    for name, m in model.named_modules():
+        if m.training and isinstance(m, TRAIN_MODE_LAYERS):
+            raise FeaturelabError(
+                f"layer {name!r} ({type(m).__name__}) is in train mode, where a per-sample Jacobian is not defined; "
+                "call model.eval() first (featurelab.analyze does this on a copy)"
+            )
+
+
 def _inputs(x, model: torch.nn.Module) -> tuple[torch.Tensor, bool]:
-    """x as an ``N x d_in`` float64 matrix on the model's device, and whether it was a single sample."""
+    """x as float64 samples on the model's device (rows are samples: ``N x d_in``, or ``N x c x ...`` images
+    for conv nets), and whether it was a single 1-D sample."""
+    check_eval_mode(model)
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(x)
     single = isinstance(x, torch.Tensor) and x.ndim == 1
-    X = as_matrix("x", x[None] if single else x)
-    d_in = model.dims[0] if hasattr(model, "dims") else getattr(model, "d_in", X.shape[1])
-    if X.shape[1] != d_in:
-        raise FeaturelabError(f"x has {X.shape[1]} columns but the model takes d_in={d_in} inputs (rows are samples)")
+    if isinstance(x, torch.Tensor) and x.ndim > 2:
+        X = x.to(torch.float64)
+        if not torch.isfinite(X).all():
+            raise FeaturelabError("x contains NaN or inf; all entries must be finite")
+    else:
+        X = as_matrix("x", x[None] if single else x)
+        d_in = model.dims[0] if hasattr(model, "dims") else getattr(model, "d_in", X.shape[1])
+        if X.shape[1] != d_in:
+            raise FeaturelabError(
+                f"x has {X.shape[1]} columns but the model takes d_in={d_in} inputs (rows are samples)"
+            )
     device = next(model.parameters()).device
     return X.to(device), single
+
+
+def _per_sample(model: torch.nn.Module, state: dict, xi: torch.Tensor) -> torch.Tensor:
+    """f(x_i) as a vector (length d_out): the model applied to a batch of one sample, flattened, so a
+    scalar-output net (``N`` outputs for ``N`` samples) gives length 1."""
+    out = functional_call(model, state, (xi[None],))
+    if not isinstance(out, torch.Tensor):
+        raise FeaturelabError(
+            f"the model returned a {type(out).__name__}; Jacobians need one output tensor (wrap the model to return it)"
+        )
+    return out.reshape(-1)
 
 
 def jacobian(model: torch.nn.Module, x) -> torch.Tensor:
     """Jf(x) = ∂f(x)/∂x for each sample (Part 2 §3.3), via `torch.func.jacrev` + `vmap`, float64.
 
     x: ``N x d_in`` (rows are samples) -> ``N x d_out x d_in``; a 1-D x (one sample) -> ``d_out x d_in``.
+    Image inputs ``N x c x ...`` (conv nets) give ``N x d_out x (c·...)`` (the input flattened per sample).
+    A scalar-output net (``f(X)`` of shape ``N`` or ``N x 1``) has d_out = 1.
     """
     X, single = _inputs(x, model)
     state = _float64_state(model)
-    f = lambda xi: functional_call(model, state, (xi[None],))[0]
-    J = vmap(jacrev(f))(X)
+    J = vmap(jacrev(lambda xi: _per_sample(model, state, xi)))(X)
+    J = J.reshape(J.shape[0], J.shape[1], -1)
     return J[0] if single else J
 
 
 def jacobian_ranks(model: torch.nn.Module, x, tol: float = 1e-3) -> torch.Tensor:
     """Numerical rank #{i: s_i(Jf(x)) > tol·s_1} at each sample (Part 2 §3.2, relative for Jacobians).
 
-    x: ``N x d_in`` -> int64 tensor of length N (a 1-D x -> a 0-d tensor). Rank_J(f; Ω) is its maximum.
+    x: ``N x d_in`` (or ``N x c x ...`` images) -> int64 tensor of length N (a 1-D x -> a 0-d tensor); each
+    rank is at most min(d_out, d_in). Rank_J(f; Ω) is its maximum.
     """
     non_negative("tol", tol)
     J = jacobian(model, x)
@@ -59,21 +98,25 @@ def jacobian_ranks(model: torch.nn.Module, x, tol: float = 1e-3) -> torch.Tensor
     return out[0] if J.ndim == 2 else out
 
 
-def ntk_trace(model: torch.nn.Module, x) -> torch.Tensor:
+def ntk_trace(model: torch.nn.Module, x, include_frozen: bool = False) -> torch.Tensor:
     """Tr Θ(x, x) = Σ_o ‖∇_θ f_o(x)‖² for each sample (Part 2 §2.4, §3.8), by autograd over the
-    parameters (`jacrev` of `functional_call`), float64. Biases are parameters, so they count.
+    parameters (`jacrev` of `functional_call`), float64. θ is the trainable parameters (requires_grad),
+    biases included; ``include_frozen=True`` counts the frozen ones too.
 
-    x: ``N x d_in`` (rows are samples) -> length-N tensor; a 1-D x -> a 0-d tensor. Tr Θ / L = O(1) is
-    the 'normal' scale; much larger values mean a narrow minimum.
+    x: ``N x d_in`` (or ``N x c x ...`` images) -> length-N tensor; a 1-D x -> a 0-d tensor. Tr Θ / L = O(1)
+    is the 'normal' scale; much larger values mean a narrow minimum. Cost: one reverse pass per output per
+    sample, and d_out·P floats per sample (P parameters).
     """
     X, single = _inputs(x, model)
     state = _float64_state(model)
-    names = [k for k, _ in model.named_parameters()]
+    names = [k for k, p in model.named_parameters() if include_frozen or p.requires_grad]
+    if not names:
+        raise FeaturelabError("the model has no trainable parameters (requires_grad); pass include_frozen=True")
     params = {k: state[k] for k in names}
     rest = {k: v for k, v in state.items() if k not in params}
 
     def trace(xi):
-        grads = jacrev(lambda p: functional_call(model, {**p, **rest}, (xi[None],))[0])(params)
+        grads = jacrev(lambda p: _per_sample(model, {**p, **rest}, xi))(params)
         return sum((g**2).sum() for g in grads.values())
 
     t = vmap(trace)(X)

@@ -1,10 +1,12 @@
 """Spectral summaries of a matrix: singular values and the rank notions the papers use.
 
 All take any 2-D matrix (no samples convention needed: ranks are transpose-invariant) and compute
-in float64.
+in float64. `spectrum_ranks` computes all of them from one SVD.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -17,29 +19,73 @@ def singular_values(M, k: int | None = None) -> torch.Tensor:
     return s if k is None else s[:k]
 
 
+def _zero(s: torch.Tensor) -> bool:
+    return not s.numel() or s[0] <= 0
+
+
+def _stable(s: torch.Tensor) -> float:
+    return 0.0 if _zero(s) else float((s**2).sum() / s[0] ** 2)
+
+
+def _nuclear(s: torch.Tensor) -> float:
+    return 0.0 if _zero(s) else float(s.sum() ** 2 / (s**2).sum())
+
+
+def _count(s: torch.Tensor, rel: float) -> int:
+    return 0 if _zero(s) else int((s >= rel * s[0]).sum())
+
+
+def _entropy(s: torch.Tensor) -> float:
+    if _zero(s):
+        return 0.0
+    p = s[s > 0] / s.sum()
+    return math.exp(float(-(p * torch.log(p)).sum()))
+
+
+def _numerical(s: torch.Tensor, tol: float, relative: bool) -> int:
+    return 0 if _zero(s) else int((s > (tol * s[0] if relative else tol)).sum())
+
+
 def stable_rank(M) -> float:
     """sr_op(M) = ‖M‖²_F / ‖M‖²_op (docs/theory/leaky-resnets.md §3.6); 0 for the zero matrix."""
-    s = singular_values(M)
-    return float((s**2).sum() / s[0] ** 2) if s.numel() and s[0] > 0 else 0.0
+    return _stable(singular_values(M))
 
 
 def nuclear_rank(M) -> float:
     """sr_*(M) = ‖M‖²_* / ‖M‖²_F (Part 1 Prop. 1; sr_op <= sr_* <= rank M); 0 for the zero matrix."""
-    s = singular_values(M)
-    return float(s.sum() ** 2 / (s**2).sum()) if s.numel() and s[0] > 0 else 0.0
+    return _nuclear(singular_values(M))
 
 
 def effective_rank(M, rel: float = 0.1) -> int:
-    """#{i : s_i >= rel·s_1} (Part 1 §3.6, the "k* large singular values" count); 0 for the zero matrix."""
+    """#{i : s_i >= rel·s_1} (Part 1 §3.6, the "k* large singular values" count); 0 for the zero matrix.
+
+    A threshold count; for the entropy effective rank of Roy & Vetterli see `entropy_rank`."""
     non_negative("rel", rel)
-    s = singular_values(M)
-    return int((s >= rel * s[0]).sum()) if s.numel() and s[0] > 0 else 0
+    return _count(singular_values(M), rel)
+
+
+def entropy_rank(M) -> float:
+    """exp(H(p)), p_i = s_i / Σ_j s_j, H(p) = −Σ p_i log p_i: the entropy effective rank of Roy & Vetterli
+    ("The effective rank: a measure of effective dimensionality", EUSIPCO 2007, Def. 1). It lies in
+    [1, rank M], equals r for r equal nonzero singular values, and is 0 for the zero matrix (our convention)."""
+    return _entropy(singular_values(M))
 
 
 def numerical_rank(M, tol: float = 1e-3, relative: bool = True) -> int:
     """#{i : s_i > tol·s_1} (relative) or #{i : s_i > tol} (absolute) (Part 2 §3.2-3.3)."""
     non_negative("tol", tol)
-    s = singular_values(M)
-    if not s.numel() or s[0] == 0:
-        return 0
-    return int((s > (tol * s[0] if relative else tol)).sum())
+    return _numerical(singular_values(M), tol, relative)
+
+
+def spectrum_ranks(s: torch.Tensor, rel: float = 0.1, tol: float = 1e-3) -> dict[str, float]:
+    """Every rank above from one vector of singular values `s` (decreasing, as `singular_values` returns):
+    stable_rank, nuclear_rank, effective_rank (threshold `rel`), entropy_rank and numerical_rank (relative `tol`)."""
+    non_negative("rel", rel)
+    non_negative("tol", tol)
+    return {
+        "stable_rank": _stable(s),
+        "nuclear_rank": _nuclear(s),
+        "effective_rank": _count(s, rel),
+        "entropy_rank": _entropy(s),
+        "numerical_rank": _numerical(s, tol, True),
+    }

@@ -20,6 +20,7 @@ import torch
 
 from ..checks import as_matrix, non_negative, positive, same_rows
 from ..errors import FeaturelabError
+from ..models.convert import as_mlp
 from ..models.mlp import MLP, mlp_with_weights
 from ..training.objectives import data_cost
 
@@ -30,8 +31,8 @@ RTOL = 1e-10
 def check_inputs(model, X, Y=None, homogeneous: bool = False):
     """Validate an `MLP` and its data; return ``(X, Y)`` as float64 (Y: int labels kept as int64).
 
-    X: ``N x d_in``. Y: ``N x d_out`` floats or ``N`` integer labels. `homogeneous` demands a positively
-    1-homogeneous activation (the covariance tools of Part 3 §3 and §5 need it).
+    X: ``N x d_in``. Y: ``N x d_out`` floats or ``N`` integer labels (any integer dtype). `homogeneous` demands a
+    positively 1-homogeneous activation (the covariance tools of Part 3 §3 and §5 need it).
     """
     if not isinstance(model, MLP):
         raise FeaturelabError(f"model must be a featurelab MLP, got {type(model).__name__}")
@@ -48,7 +49,7 @@ def check_inputs(model, X, Y=None, homogeneous: bool = False):
             raise FeaturelabError(f"the model's weight W_{l} contains NaN or inf; all entries must be finite")
     if Y is None:
         return X, None
-    if isinstance(Y, torch.Tensor) and Y.dtype in (torch.int64, torch.int32):
+    if isinstance(Y, torch.Tensor) and not (Y.is_floating_point() or Y.is_complex() or Y.dtype == torch.bool):
         Y = Y.detach().cpu().long().reshape(-1)
         if Y.numel() and (Y.min() < 0 or Y.max() >= model.dims[-1]):
             raise FeaturelabError(f"Y has labels outside [0, d_out={model.dims[-1]})")
@@ -163,6 +164,7 @@ def representation_loss(
 
 def regularized_loss(model: MLP, X, Y, lam: float, objective: str | None = None) -> float:
     """L_λ(θ) = C(f_θ(X)) + λ‖θ‖² in float64 (Part 3 §1), the loss the trainer minimizes."""
+    model = as_mlp(model)
     X, Y = check_inputs(model, X, Y)
     lam = non_negative("lam", lam)
     lay = layers(model, X)
@@ -197,6 +199,7 @@ def layer_forces(model: MLP, X, Y, lam: float, objective: str | None = None, rto
     constant. Returns one `LayerForces` per layer l = 1..L (hidden layers first, the output layer last).
     X: ``N x d_in``; Y: ``N x d_out`` or ``N`` labels.
     """
+    model = as_mlp(model)
     X, Y = check_inputs(model, X, Y)
     lam = positive("lam", lam)
     lay = layers(model, X)
@@ -254,6 +257,7 @@ def covariance_pairs(model: MLP, X) -> list[CovariancePair]:
     Needs a positively homogeneous σ (Reformulation 2). ``Tr[K_l (K^σ_{l-1})⁺]`` summed over layers is
     the penalty of L^cov; `representation_loss(form="kernel")` evaluates it.
     """
+    model = as_mlp(model)
     X, _ = check_inputs(model, X, homogeneous=True)
     lay = layers(model, X)
     return [

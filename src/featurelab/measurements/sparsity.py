@@ -14,6 +14,7 @@ import torch
 
 from ..checks import int_at_least, positive
 from ..errors import FeaturelabError
+from ..models.convert import as_mlp
 from ..models.mlp import MLP, mlp_with_weights
 from .representations import RTOL, check_inputs, layers, row_basis
 
@@ -56,6 +57,7 @@ def merge_aligned_neurons(model: MLP, X, tol: float = 1e-9) -> tuple[MLP, pd.Dat
     X: ``N x d_in`` training inputs. Returns the merged float64 `MLP` and a report with one row per hidden
     layer: width_before, dead, width_after, sq_norm (‖θ‖² after this layer), output_error (max|Δf|/max|f|).
     """
+    model = as_mlp(model)
     X, _ = check_inputs(model, X, homogeneous=True)
     positive("tol", tol)
     lay = layers(model, X)
@@ -194,6 +196,7 @@ def caratheodory_reduce(model: MLP, X, rtol: float = NULL_RTOL) -> tuple[MLP, pd
     (relative, of the alive neurons' K and of K^σ), sq_norm (‖θ‖² after this layer), output_error
     (max|Δf|/max|f| on X after this layer).
     """
+    model = as_mlp(model)
     X, _ = check_inputs(model, X, homogeneous=True)
     positive("rtol", rtol)
     lay = layers(model, X)
@@ -259,6 +262,7 @@ def pattern_merge(model: MLP, X) -> tuple[MLP, pd.DataFrame]:
     there are at most 2N-1 patterns, so at most 4N-2 neurons remain. Needs depth 2, ReLU (leak 0) and
     d_out = 1. X: ``N x d_in``. Returns the merged float64 `MLP` and a one-row report.
     """
+    model = as_mlp(model)
     X, _ = check_inputs(model, X, homogeneous=True)
     if model.depth != 2 or model.leak != 0.0 or model.dims[-1] != 1 or model.linear_tail:
         raise FeaturelabError(

@@ -1,6 +1,7 @@
 """Models: deep fully-connected nets, Leaky ResNets and homogeneous conv/residual nets (rows are samples)."""
 
 from .conv import Conv
+from .convert import as_mlp, from_torch, to_torch
 from .leaky_resnet import LeakyResNet, adaptive_update, equidistant_steps, irregular_steps, project_steps
 from .mlp import MLP, Forward, leaky_relu, mlp_with_weights
 from .residual import Dense, Flatten, HomogeneousNet, ResBlock, as_homogeneous
@@ -11,6 +12,10 @@ __all__ = [
     "Forward",
     "leaky_relu",
     "mlp_with_weights",
+    # plain PyTorch chains <-> MLP
+    "from_torch",
+    "to_torch",
+    "as_mlp",
     # Leaky ResNets and their layer steps (Part 1)
     "LeakyResNet",
     "equidistant_steps",

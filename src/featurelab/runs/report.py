@@ -45,6 +45,43 @@ def _claims_table(claims: list[dict]) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def page_head(title: str) -> str:
+    """The opening of a featurelab HTML page (inline style); close it with ``</body></html>``."""
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>featurelab: {_esc(title)}</title>"
+        f"<style>{STYLE}</style></head><body>"
+    )
+
+
+def mapping_table(mapping: dict) -> str:
+    """A two-column HTML table of a flat mapping (key, value)."""
+    rows = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in mapping.items())
+    return f"<table>{rows}</table>"
+
+
+def figures_html(folder: Path) -> list[str]:
+    """Every ``folder/figures/*.png`` inline (base64), with a caption naming its SVG twin."""
+    figs = sorted((folder / "figures").glob("*.png")) if (folder / "figures").exists() else []
+    parts = ["<h2>Figures</h2>"] if figs else []
+    for f in figs:
+        data = base64.b64encode(f.read_bytes()).decode()
+        parts.append(
+            f"<figure><img alt='{_esc(f.stem)}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{_esc(f.stem)} (also <code>figures/{_esc(f.stem)}.svg</code>)</figcaption></figure>"
+        )
+    return parts
+
+
+def tables_html(folder: Path) -> list[str]:
+    """Every ``folder/tables/*.csv`` as an HTML table (4 significant digits)."""
+    tables = sorted((folder / "tables").glob("*.csv")) if (folder / "tables").exists() else []
+    return [
+        f"<h2>Table: {_esc(t.stem)}</h2>"
+        + pd.read_csv(t).to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+        for t in tables
+    ]
+
+
 def render_report(run_dir: str | Path) -> Path:
     """Write ``run_dir/report.html`` from the run's files and return its path."""
     run = Path(run_dir)
@@ -58,8 +95,7 @@ def render_report(run_dir: str | Path) -> Path:
     config_text = (run / "config.yaml").read_text() if (run / "config.yaml").exists() else ""
     n_pass = sum(c["passed"] for c in claims)
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>featurelab: {_esc(results['experiment'])}</title>"
-        f"<style>{STYLE}</style></head><body>",
+        page_head(results["experiment"]),
         f"<h1>{_esc(results['experiment'])} <small>({_esc(results['preset'])})</small></h1>",
         f"<p>{_esc(results.get('summary_text', ''))}</p><p><b>Reference:</b> {_esc(results.get('reference', ''))}</p>",
         f"<p class='summary'><b>Claims: {n_pass} of {len(claims)} pass.</b> "
@@ -76,21 +112,7 @@ def render_report(run_dir: str | Path) -> Path:
         )
     if results.get("notes"):
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_esc(n)}</li>" for n in results["notes"]) + "</ul>")
-    figs = sorted((run / "figures").glob("*.png")) if (run / "figures").exists() else []
-    if figs:
-        parts.append("<h2>Figures</h2>")
-        for f in figs:
-            data = base64.b64encode(f.read_bytes()).decode()
-            parts.append(
-                f"<figure><img alt='{_esc(f.stem)}' src='data:image/png;base64,{data}'>"
-                f"<figcaption>{_esc(f.stem)} (also <code>figures/{_esc(f.stem)}.svg</code>)</figcaption></figure>"
-            )
-    tables = sorted((run / "tables").glob("*.csv")) if (run / "tables").exists() else []
-    for t in tables:
-        df = pd.read_csv(t)
-        parts.append(
-            f"<h2>Table: {_esc(t.stem)}</h2>" + df.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
-        )
+    parts += figures_html(run) + tables_html(run)
     if results.get("summary"):
         parts.append("<h2>Summary</h2><pre>" + _esc(_pretty(results["summary"])) + "</pre>")
     parts.append("<h2>Config</h2><pre>" + _esc(config_text) + "</pre>")
@@ -101,11 +123,7 @@ def render_report(run_dir: str | Path) -> Path:
             + "".join(f"<tr><td>{_esc(k)}</td><td>{v:.2f}</td></tr>" for k, v in timings.items())
             + "</table>"
         )
-    parts.append(
-        "<h2>Versions</h2><table>"
-        + "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in results.get("versions", {}).items())
-        + "</table>"
-    )
+    parts.append("<h2>Versions</h2>" + mapping_table(results.get("versions", {})))
     parts.append("</body></html>")
     path = run / "report.html"
     write_text(path, "\n".join(parts))

@@ -204,6 +204,11 @@ def train(
     """
     if not isinstance(config, TrainConfig):
         config = TrainConfig.model_validate(config)
+    if config.lam > 0 and not hasattr(model, "penalty"):
+        raise FeaturelabError(
+            f"model of type {type(model).__name__} has no penalty(lam), so lam={config.lam:g} cannot be applied: "
+            "convert a Linear/activation chain with featurelab.from_torch(model), or train with lam=0"
+        )
     dev = resolve_device(device)
     model.to(dev)
     folder = Path(run_dir) if run_dir is not None else None
