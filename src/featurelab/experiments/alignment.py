@@ -136,6 +136,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             "loss < 1e-3, error 0",
             {"max loss": float(table.loss.max()), "max error": float(table.train_error.max())},
             bool((table.loss < 1e-3).all() and (table.train_error == 0).all()),
+            id="converged",
         ),
         claim(
             f"each linear-tail layer {tail[:-1]} (the last layer, a vector, has ratio 1) tends to rank one: "
@@ -144,14 +145,23 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             ">= 0.88",
             float(tail_ratios.min()),
             bool(tail_ratios.min() >= 0.88),
+            id="tail-rank-one",
         ),
-        claim("... rising by at least 0.5 from init", REF, ">= 0.5", float(gains.min()), bool(gains.min() >= 0.5)),
+        claim(
+            "... rising by at least 0.5 from init",
+            REF,
+            ">= 0.5",
+            float(gains.min()),
+            bool(gains.min() >= 0.5),
+            id="tail-ratio-gain",
+        ),
         claim(
             f"adjacent tail layers align: |⟨v_(k+1), u_k⟩| for pairs {pairs}",
             REF,
             ">= 0.99",
             float(aligns.min()),
             bool(aligns.min() >= 0.99),
+            id="tail-aligned",
         ),
         claim(
             f"ratio >= the derived Theorem 2 bound (§4 step 6, constants at init) at every log, layers {tail[:-1]}",
@@ -160,6 +170,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             min(margins),
             min(margins) >= -0.005,
             tolerance="0.005 (GD drift of C)",
+            id="theorem2-bound",
         ),
     ]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))

@@ -127,6 +127,7 @@ def check_constructions(cfg: Config) -> tuple[list, pd.DataFrame]:
             "width = N²/4 and triangle-free",
             bip["width"].tolist(),
             bool((bip["width"] == bip["cp_rank"]).all() and bip["triangle_free"].all()),
+            id="construction-width",
         ),
         claim(
             "the constructions reproduce Y exactly",
@@ -134,6 +135,7 @@ def check_constructions(cfg: Config) -> tuple[list, pd.DataFrame]:
             "max|f(X) - Y| <= 1e-12",
             float(table["reconstruction"].max()),
             float(table["reconstruction"].max()) <= 1e-12,
+            id="construction-exact",
         ),
         claim(
             "the constructions have the optimal norm ‖θ‖² = 2 Tr M_Y (N² for bipartite, 2Σ√N_c for one-hot)",
@@ -141,6 +143,7 @@ def check_constructions(cfg: Config) -> tuple[list, pd.DataFrame]:
             "|‖θ‖² - 2 Tr M_Y| <= 1e-12 relative",
             float(((table["sq_norm"] - table["expected_sq_norm"]).abs() / table["expected_sq_norm"]).max()),
             bool(((table["sq_norm"] - table["expected_sq_norm"]).abs() <= 1e-12 * table["expected_sq_norm"]).all()),
+            id="construction-norm",
         ),
         claim(
             "the constructions are exactly balanced: ‖F^att + F^rep‖ <= 1e-10 ‖F^att‖ on the hidden layer",
@@ -148,6 +151,7 @@ def check_constructions(cfg: Config) -> tuple[list, pd.DataFrame]:
             "<= 1e-10",
             float(table["balance"].max()),
             float(table["balance"].max()) <= 1e-10,
+            id="construction-balance",
         ),
     ]
     return claims, table
@@ -175,6 +179,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                     f"|m(w)/λN² - 1| <= {cfg.near:g}",
                     gap,
                     gap <= cfg.near,
+                    id="wide-reach-optimum",
                 )
             )
         worst = float(rows["reduced_output_error"].max())
@@ -186,6 +191,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 worst,
                 worst <= 1e-8,
                 "1e-8 relative, float64",
+                id="caratheodory-outputs",
             )
         )
         summary["m"] = dict(zip(best["width"].astype(str), best["loss"]))

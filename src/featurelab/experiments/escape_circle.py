@@ -128,6 +128,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             f"max S = {S[i_max]:.12f} at φ/(π/4) = {phi[i_max] / (np.pi / 4):.12f}",
             abs(S[i_max] - RANK_ONE_SPEED) < 1e-9 and k_dist < 1e-9,
             "1e-9",
+            id="rank-one-curve",
         )
     )
     if cfg.n_points == 8:
@@ -145,6 +146,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 f"{best_r1:.10f}",
                 abs(best_r1 - RANK_ONE_SPEED) <= 1e-6,
                 "1e-6",
+                id="rank-one-search",
             )
         )
 
@@ -184,6 +186,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 f"{best:.10f}",
                 abs(best - 0.5) <= 1e-3 and best <= 0.5 + 1e-6,
                 "1e-3 / 1e-6",
+                id="best-speed-half",
             )
         )
         frac = dict(zip(table["width"], table["success_fraction"]))
@@ -196,6 +199,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                     ">= 0.8 at every width >= 64",
                     wide,
                     min(wide.values()) >= 0.8,
+                    id="wide-success",
                 )
             )
         if 2 in frac:
@@ -206,6 +210,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                     "<= 0.05",
                     frac[2],
                     frac[2] <= 0.05,
+                    id="narrow-failure",
                 )
             )
     c, bounds = theorem31_bound(X, G, 0.5, cfg.depth)

@@ -158,6 +158,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             f">= max(0.9, {sep0:.3f})",
             sep,
             sep >= 0.9 and sep > sep0,
+            id="class-separation",
         )
     ]
     for lay in lays:
@@ -169,6 +170,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 f"> {lay['ray_share_init']:.3f}",
                 lay["ray_share"],
                 lay["ray_share"] > lay["ray_share_init"],
+                id=f"rays-layer{lay['layer']}",
             )
         )
     summary = {

@@ -290,7 +290,14 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     def seed_claim(key, statement, expected, measured_key):
         passed = sum(bool(c[key]) for c in checks.values())
         measured = {u: c[measured_key] for u, c in checks.items()} | {"seeds passing": f"{passed}/{len(ids)}"}
-        return claim(statement, REF, f"{expected}, in >= {need} of {len(ids)} seeds", measured, passed >= need)
+        return claim(
+            statement,
+            REF,
+            f"{expected}, in >= {need} of {len(ids)} seeds",
+            measured,
+            passed >= need,
+            id=key.replace("_", "-"),
+        )
 
     claims = [
         seed_claim(

@@ -281,6 +281,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                         ">= 1.4",
                         m_at[4] / m_inf,
                         m_at[4] >= 1.4 * m_inf,
+                        id="digits-m4-gap",
                     )
                 )
             claims.append(
@@ -290,9 +291,12 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                     "[8, 16]",
                     nstar["0.05"],
                     8 <= nstar["0.05"] <= 16,
+                    id="digits-plateau-start",
                 )
             )
-            claims.append(claim("digits: n*(1%) <= 48", ref, "<= 48", nstar["0.01"], nstar["0.01"] <= 48))
+            claims.append(
+                claim("digits: n*(1%) <= 48", ref, "<= 48", nstar["0.01"], nstar["0.01"] <= 48, id="digits-nstar-1pct")
+            )
             big = table[table["width"] >= 16]
             if len(big):
                 worst = float(big["test_error"].max())
@@ -303,6 +307,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                         "<= 0.05",
                         worst,
                         worst <= 0.05,
+                        id="digits-test-error",
                     )
                 )
         elif d == "teacher":
@@ -314,11 +319,30 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                         ">= 5",
                         m_at[1] / m_inf,
                         m_at[1] >= 5 * m_inf,
+                        id="teacher-m1-gap",
                     )
                 )
-            claims.append(claim("teacher: n*(10%) in [6, 32]", ref, "[6, 32]", nstar["0.1"], 6 <= nstar["0.1"] <= 32))
+            claims.append(
+                claim(
+                    "teacher: n*(10%) in [6, 32]",
+                    ref,
+                    "[6, 32]",
+                    nstar["0.1"],
+                    6 <= nstar["0.1"] <= 32,
+                    id="teacher-plateau-start",
+                )
+            )
         else:
-            claims.append(claim("MNIST: n*(5%) in [8, 20]", ref, "[8, 20]", nstar["0.05"], 8 <= nstar["0.05"] <= 20))
+            claims.append(
+                claim(
+                    "MNIST: n*(5%) in [8, 20]",
+                    ref,
+                    "[8, 20]",
+                    nstar["0.05"],
+                    8 <= nstar["0.05"] <= 20,
+                    id="mnist-plateau-start",
+                )
+            )
         worst_out = float(sub["reduced_output_error"].max())
         claims.append(
             claim(
@@ -328,6 +352,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 worst_out,
                 worst_out <= 1e-8,
                 "1e-8 relative, float64",
+                id=f"{d}-caratheodory-outputs",
             )
         )
         rise = float(((sub["reduced_loss"] - sub["loss"]) / sub["loss"]).max())
@@ -339,6 +364,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 rise,
                 rise <= 1e-12,
                 "1e-12 relative (rounding)",
+                id=f"{d}-caratheodory-loss",
             )
         )
         axes[0].plot(widths, np.array(m) / m_inf, marker="o", label=d)
