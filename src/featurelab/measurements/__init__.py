@@ -6,7 +6,15 @@ beside it.
 
 # spectra and ranks of any matrix (docs/theory/bottleneck-rank.md)
 # training invariances and alignment (docs/theory/invariances.md)
-from .alignment import adjacent_alignment, layer_ratios, theorem2_bounds, theorem2_constants
+from .alignment import (
+    adjacent_alignment,
+    layer_ratios,
+    linear_tail_alignment,
+    linear_tail_bounds,
+    linear_tail_constants,
+    theorem2_bounds,
+    theorem2_constants,
+)
 
 # bottleneck rank and representation cost (docs/theory/bottleneck-rank.md)
 from .bottleneck import (
@@ -171,6 +179,9 @@ __all__ = [
     "layer_ratios",
     "theorem2_bounds",
     "theorem2_constants",
+    "linear_tail_constants",
+    "linear_tail_bounds",
+    "linear_tail_alignment",
     "Invariant",
     "InvariantSet",
     "InvariantTracker",
