@@ -180,3 +180,62 @@ def test_separable_data_has_margin_and_labels():
     assert math.isclose(float(w.norm()), 1.0)
     with pytest.raises(FeaturelabError, match="n_train"):
         separable(0)
+
+
+# ------------------------------------------------------------- Theorem 2 with a non-homogeneous g
+def test_linear_tail_constants_match_the_junction_computation():
+    """D_k from the tail matrices alone equals the bound of `theorem2_constants` (invariant junctions)."""
+    from featurelab.measurements import linear_tail_bounds, linear_tail_constants
+
+    mlp = MLP(4, 1, [5, 3, 3], 4, init="fan_in", linear_tail=3, dtype=D, seed=2)
+    tail = mlp.weight_matrices()[1:]
+    ours = linear_tail_bounds(linear_tail_constants(tail), tail)
+    ref = theorem2_bounds(theorem2_constants(mlp), mlp)
+    for k, (ratio, bound) in enumerate(ours, start=1):
+        assert ratio == pytest.approx(ref[k][0], abs=1e-12) and bound == pytest.approx(ref[k][1], abs=1e-12)
+
+
+def test_tail_invariants_are_conserved_behind_a_tanh_g():
+    """Theorem 2's g may be non-homogeneous: behind tanh layers, C_j = W_{j+1}ᵀW_{j+1} - W_jW_jᵀ of the linear
+    tail has zero derivative along -∇R (torch.func.jvp), while the pair (g's last layer, first tail layer),
+    whose units are tanh, does not (the control)."""
+    net = MLP(6, 1, [8, 5, 4], 4, activation="tanh", init="fan_in", linear_tail=2, dtype=D, seed=4)
+    d = separable(40, 0, 6, seed=1)
+    params = [w.detach().clone() for w in net.weights]
+
+    def risk(*ws):
+        out = torch.func.functional_call(net, {f"weights.{i}": w for i, w in enumerate(ws)}, (d.X_train.double(),))
+        return torch.logaddexp(torch.zeros(()), -d.Y_train.double().reshape(-1) * out.reshape(-1)).mean()
+
+    flow = [-g for g in torch.func.grad(risk, argnums=tuple(range(4)))(*params)]
+
+    def C(j):
+        return lambda *ws: ws[j + 1].T @ ws[j + 1] - ws[j] @ ws[j].T
+
+    for j, conserved in ((1, False), (2, True)):
+        value, rate = torch.func.jvp(C(j), tuple(params), tuple(flow))
+        rel = float(rate.abs().max() / (value.abs().max() * max(float(f.abs().max()) for f in flow)))
+        assert (rel <= 1e-12) if conserved else (rel >= 1e-3)
+
+
+def test_tail_bound_holds_behind_a_tanh_g_under_gd():
+    """ratio_k >= 1 - D_k/‖W_k‖² (constants at init) along GD of a tanh-g net, up to the O(η²) drift."""
+    from featurelab.measurements import linear_tail_bounds, linear_tail_constants
+
+    d = separable(60, 0, 10, seed=3)
+    net = MLP(10, 1, [16, 8, 8], 4, activation="tanh", init="fan_in", init_scale=0.5, linear_tail=3, dtype=D)
+    consts = linear_tail_constants(net.weight_matrices()[1:])  # g = tanh(W_1 x); the tail is W_2, W_3, W_4
+    margins = []
+
+    class Check:
+        def on_log(self, step, model, row):
+            margins.extend(r - b for r, b in linear_tail_bounds(consts, model.weight_matrices()[1:]))
+
+    train(
+        net,
+        d,
+        TrainConfig(objective="logistic", lam=0.0, phases=[Phase(optimizer="sgd", lr=0.05, steps=200)], log_every=20),
+        callbacks=[Check()],
+        progress=False,
+    )
+    assert len(margins) > 10 and min(margins) >= -1e-3

@@ -13,7 +13,7 @@ from featurelab.data.constructions import (
     onehot_identity,
     path_edges,
 )
-from featurelab.measurements import layer_forces, representation_loss
+from featurelab.measurements import cp_rank_bounds, layer_forces, representation_loss
 
 
 @pytest.mark.parametrize("N", [4, 6, 8])
@@ -27,7 +27,12 @@ def test_bipartite_construction(N):
         float(c.model.sq_norm().detach()) == pytest.approx(N * N, abs=1e-12) == c.sq_norm == 2 * float(torch.trace(Y))
     )
     assert torch.equal(c.model.weights[1].detach(), B)
-    assert c.model.dims[1] == N * N // 4 == c.cp_rank
+    assert (
+        c.model.dims[1]
+        == N * N // 4
+        == c.cp_rank
+        == cp_rank_bounds(Y, factor=c.model(X, return_layers=True).act[1]).lower
+    )
     half = N // 2
     Q = torch.block_diag(half * torch.eye(half), half * torch.eye(half)).double()
     Q[:half, half:] = Q[half:, :half] = 1.0

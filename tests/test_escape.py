@@ -21,7 +21,9 @@ from featurelab.measurements import (
     prop33_check,
     prop34_check,
     rank_one_chain,
+    second_singular_bound,
     theorem31_bound,
+    theorem31_check,
 )
 from featurelab.measurements.escape import forward
 from featurelab.measurements.ranks import numerical_rank
@@ -328,6 +330,58 @@ def test_theorem31_example1_is_vacuous():
     d = layer_diagnostics(Ws, X)
     _, B3 = theorem31_bound(X, G, 0.5, 3)
     assert all(r <= b for r, b in zip(d["r_W"], B3))
+
+
+def test_second_singular_bound_is_sharp_and_scales_as_l_to_the_minus_quarter():
+    """s_2/s_1 <= sqrt(r/(1-r)) (numpy SVD, an independent computation), with equality at rank two; and with
+    B(ℓ) of Thm 3.1, sqrt(B/(1-B))·ℓ^{1/4} -> sqrt(8c) (the abstract's O(ℓ^{-1/4}))."""
+    rng = np.random.default_rng(0)
+    for k in (2, 3, 6):
+        M = rng.normal(size=(7, k)) @ rng.normal(size=(k, 5))
+        s = np.linalg.svd(M, compute_uv=False)
+        r = (s[1:] ** 2).sum() / (s**2).sum()
+        bound = second_singular_bound(r)
+        assert s[1] / s[0] <= bound * (1 + 1e-12)
+        if k == 2:
+            assert s[1] / s[0] == pytest.approx(bound, rel=1e-10)
+    assert math.isinf(second_singular_bound(1.0))
+    X, G = circle_dataset()
+    c, B = theorem31_bound(X, G, 0.5, 2)
+    for ell in (10**12, 10**14):
+        q = c / math.sqrt(ell)
+        b = 8 * q / (1 - q)
+        assert second_singular_bound(b) * ell**0.25 == pytest.approx(
+            math.sqrt(8 * c), rel=3e-3 if ell == 10**12 else 3e-4
+        )
+
+
+def test_theorem31_on_optima_found_by_projected_gd():
+    """Thm 3.1 at optima found by projected GD (A1), on nearly rank-one data with G along v, where c < 1 and the
+    bound is informative at every layer: every r_W, r_Z, lin and s_2/s_1 is within it. The check can fail:
+    a random θ read with s* = ‖X‖‖G‖ (c = 0, B = 0) violates it."""
+    gen = torch.Generator().manual_seed(0)
+    u = torch.rand(4, generator=gen, dtype=torch.float64) + 0.5
+    v = torch.rand(6, generator=gen, dtype=torch.float64) + 0.5
+    E = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    X = v[:, None] * u[None, :] + 0.05 * E * float(u.norm() * v.norm() / E.norm())
+    G = -v[:, None] * torch.tensor([[1.0, -0.5]], dtype=torch.float64)
+    res = find_escape_directions(X, G, 4, 6, restarts=4, steps=2000, seed=1)
+    check = theorem31_check(res.best()[1], X, G)
+    assert check["c"] < 1 and check["informative"] == [1, 2, 3, 4]
+    assert check["holds"] and max(check["B"]) < 1
+    top = float(torch.linalg.norm(X) * torch.linalg.norm(G))
+    bad = theorem31_check(
+        [
+            torch.randn(6, 4, generator=gen),
+            torch.randn(6, 6, generator=gen),
+            torch.randn(6, 6, generator=gen),
+            torch.randn(2, 6, generator=gen),
+        ],
+        X,
+        G,
+        s_star=top,
+    )
+    assert check["B"][0] > 0 and bad["B"] == [0.0] * 4 and not bad["holds"]
 
 
 # ------------------------------------------------------------------------ bad input

@@ -21,8 +21,8 @@ def test_cross_entropy_gradient_is_grad_at_zero():
 
 def test_escape_circle_tiny_runs_and_reports_example1(tmp_path):
     rec = run_experiment("escape-circle", "tiny", out=tmp_path / "ec", workers=1)
-    first = rec.claims[0]
-    assert "S(φ) peaks" in first["statement"] and first["passed"]  # closed form: independent of the budget
+    by_id = {c["id"]: c for c in rec.claims}
+    assert by_id["rank-one-curve"]["passed"]  # closed form: independent of the budget
     best = max(rec.summary["success_fraction"].values())
     assert 0 <= best <= 1 and rec.summary["best_speed"] <= 0.5 + 1e-6
 
@@ -49,6 +49,7 @@ def test_seed_checks_read_the_plateaus():
                 "level": 1.8,
                 "escape": 36250,
                 "r_W": rw_second,
+                "s2_s1": [0.8 * l**-0.5 for l in range(1, 7)],
             },
         ],
         "final_loss": 0.01,
@@ -57,8 +58,16 @@ def test_seed_checks_read_the_plateaus():
     c = seed_checks(cfg, res)
     assert c["two_plateaus_first_ln10"] and c["second_plateau"] and c["deep_rank_one"]
     assert c["first_layer_less_rank_one"] and c["final_loss_ok"] and c["second_sv_grows"]
+    assert c["depth_trend"] == pytest.approx(-math.sqrt(5 / 7))  # Spearman by hand: tied ranks of r_W
+    assert c["depth_trend_ok"] and c["s2_s1_slope_ok"]
+    assert c["s2_s1_slope"] == pytest.approx(-0.5)  # s_2/s_1 = 0.8 ℓ^{-1/2} exactly
+    assert not c["no_second_plateau"]
     res["plateaus"][1]["r_W"] = [0.05] + rw_second[1:]
     assert not seed_checks(cfg, res)["first_layer_less_rank_one"]
+    res["plateaus"][1]["r_W"] = [0.3, 0.07, 0.25, 0.07, 0.2, 0.008]  # layers 3, 5 out of order: ρ = -11.5/√297.5
+    c = seed_checks(cfg, res)
+    assert c["first_layer_less_rank_one"] and c["depth_trend"] == pytest.approx(-11.5 / math.sqrt(297.5))
+    assert not c["depth_trend_ok"]
 
 
 def test_minibatches_keep_the_last_partial_batch():

@@ -125,3 +125,78 @@ def test_caratheodory_step_pivots_on_the_dominant_entry():
     phi = torch.tensor([[-1.0], [3e-5], [0.0]], dtype=D)
     a = caratheodory_weights(phi / phi.norm())
     assert a[0] == 0 and a[1] == pytest.approx(1 + 3e-5, rel=1e-12) and a[2] == 1
+
+
+# --------------------------------------------------------------------------- cp-rank (Prop. 13-14)
+def _graph_gram(edges, n):
+    from featurelab.data.constructions import incidence_matrix
+
+    B = incidence_matrix(edges, n)
+    return B @ B.T, B
+
+
+@pytest.mark.parametrize(
+    "name, edges, n",
+    [
+        ("C5", [(i, (i + 1) % 5) for i in range(5)], 5),
+        ("P4", [(0, 1), (1, 2), (2, 3)], 4),
+        ("K22", [(0, 2), (0, 3), (1, 2), (1, 3)], 4),
+        ("K33", [(i, 3 + j) for i in range(3) for j in range(3)], 6),
+    ],
+)
+def test_cp_rank_of_triangle_free_graph_is_its_edge_count(name, edges, n):
+    """Prop. 13: Q = BBᵀ = Deg + Adj of a triangle-free graph has cp-rank M = #edges; the lower bound (clique
+    cover) and the upper bound (the incidence factor B) meet at M, whatever rank(Q) is."""
+    from featurelab.measurements import cp_rank_bounds
+
+    Q, B = _graph_gram(edges, n)
+    b = cp_rank_bounds(Q, factor=B)
+    assert b.triangle_free and b.edges == len(edges)
+    assert b.lower == b.upper == len(edges) and b.exact
+    assert b.rank == int(torch.linalg.matrix_rank(Q))  # K22 has rank 3 < 4 edges: the graph bound is the sharp one
+
+
+def test_cp_rank_lower_bound_is_real_for_k22():
+    """Independent check of the bound: symmetric NMF (projected Adam, 16 restarts) with M - 1 = 3 nonnegative
+    columns leaves a relative residual > 1e-2 on Q(K_{2,2}), while with M = 4 it reaches < 1e-2."""
+    Q, _ = _graph_gram([(0, 2), (0, 3), (1, 2), (1, 3)], 4)
+
+    def snmf(k):
+        H = torch.rand(16, 4, k, generator=torch.Generator().manual_seed(0), dtype=D).requires_grad_(True)
+        opt = torch.optim.Adam([H], lr=0.02)
+        for _ in range(2000):
+            P = H.clamp_min(0)
+            loss = ((P @ P.transpose(1, 2) - Q) ** 2).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        P = H.detach().clamp_min(0)
+        return float(((P @ P.transpose(1, 2) - Q) ** 2).sum((1, 2)).sqrt().min() / Q.norm())
+
+    assert snmf(3) > 1e-2 and snmf(4) < 1e-2
+
+
+def test_onehot_gram_root_and_cp_rank():
+    """Prop. 14 for one-hot labels: M_Y = (YYᵀ)^½ = blockdiag(J_{N_c}/√N_c) (closed form); its graph has
+    triangles, so the rank bound C is used, and the factor Y diag(N_c^{-1/4}) meets it."""
+    from featurelab.measurements import cp_rank_bounds, output_gram_root
+
+    sizes = [3, 5, 2]
+    labels = torch.repeat_interleave(torch.arange(3), torch.tensor(sizes))
+    Y = torch.nn.functional.one_hot(labels).to(D)
+    expected = torch.block_diag(*[torch.ones(n, n, dtype=D) / n**0.5 for n in sizes])
+    M = output_gram_root(Y)
+    assert (M - expected).abs().max() <= 1e-12
+    b = cp_rank_bounds(M, factor=Y * torch.tensor(sizes, dtype=D) ** -0.25)
+    assert not b.triangle_free and b.lower == b.upper == b.rank == 3
+
+
+def test_cp_rank_bounds_reject_bad_input():
+    from featurelab.measurements import cp_rank_bounds
+
+    Q, B = _graph_gram([(0, 1), (1, 2)], 3)
+    for bad, field in ((-Q, "A"), (torch.ones(2, 3), "A")):
+        with pytest.raises(FeaturelabError, match=field):
+            cp_rank_bounds(bad)
+    with pytest.raises(FeaturelabError, match="factor"):
+        cp_rank_bounds(Q, factor=B[:, :1])

@@ -6,7 +6,9 @@ per rank-one width. The rank-one speed curve S(φ) is computed in the analysis (
 quick: widths 2..64, R = 20 restarts, K = 4000 steps (Part 4 §5's quick preset).
 paper: widths 2..128, R = 50 (the reference fractions of §5 are from seed 1 at R = 50).
 Claims: max S(φ) = √2-1 at φ = kπ/4; best rank-one search speed √2-1; best speed 1/2 and never above;
-success fraction (speed > √2-1 + 1e-3) >= 0.8 at widths >= 64 and <= 0.05 at width 2.
+success fraction (speed > √2-1 + 1e-3) non-decreasing in width, >= 0.8 at widths >= 64 and <= 0.05 at width 2;
+every optimum found (speed 1/2) has a rank-two first layer (s_2/s_1(W_1) >= 0.5). Figures: S(φ), the
+projected-GD curves of every run (Fig. 2 centre, Fig. 6) and the width sweep (Fig. 2 right).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from ..claims import claim
+from ..claims import claim, fmt
 from ..config import ExperimentConfig
 from ..data.circle import circle_dataset
 from ..figures import plt
@@ -28,6 +30,7 @@ from ..measurements.escape import (
     layer_diagnostics,
     localized_loss,
     theorem31_bound,
+    theorem31_check,
 )
 from ..measurements.ranks import numerical_rank
 from .base import Analysis, Experiment
@@ -49,6 +52,8 @@ class Config(ExperimentConfig):
     rank_one_steps: int = Field(3000, ge=1)
     phi_points: int = Field(8 * 900 + 1, ge=9)
     success_margin: float = Field(1e-3, gt=0)
+    rank_two_s2_s1: float = Field(0.5, gt=0, le=1)
+    trace_points: int = Field(200, ge=2)
     seed: int = 1
 
 
@@ -101,8 +106,15 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     speed, best = res.best()
     diag = layer_diagnostics(best, X)
     act = forward(best, X)[1]
+    every = max(1, (cfg.rank_one_steps if rank_one else cfg.steps) // cfg.trace_points)
+    w1 = [layer_diagnostics(res.run(i), X)["s2_s1"][0] for i in range(len(res.speeds))]
+    thm31 = theorem31_check(best, X, G)
     return {
         "speeds": res.speeds.tolist(),
+        "trace_steps": list(range(0, res.trace.shape[0], every)),
+        "trace": res.trace[::every].T.tolist(),
+        "s2_s1_W1": w1,
+        "theorem31": {k: thm31[k] for k in ("c", "s_star", "B", "excess", "holds", "informative")},
         "converged": res.converged.tolist(),
         "best_speed": speed,
         "best_L0": float(localized_loss(best, X, G)),
@@ -128,6 +140,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             f"max S = {S[i_max]:.12f} at φ/(π/4) = {phi[i_max] / (np.pi / 4):.12f}",
             abs(S[i_max] - RANK_ONE_SPEED) < 1e-9 and k_dist < 1e-9,
             "1e-9",
+            id="rank-one-curve",
         )
     )
     if cfg.n_points == 8:
@@ -145,6 +158,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 f"{best_r1:.10f}",
                 abs(best_r1 - RANK_ONE_SPEED) <= 1e-6,
                 "1e-6",
+                id="rank-one-search",
             )
         )
 
@@ -165,6 +179,9 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 "median_speed": float(np.median(s)),
                 "at_half_fraction_of_successes": float((np.abs(s[ok] - 0.5) < 1e-3).mean()) if ok.any() else np.nan,
                 "dead_fraction": float((s < 1e-3).mean()),
+                "min_s2_s1_W1_at_half": min(
+                    (x for sp, x in zip(s, r["s2_s1_W1"]) if abs(sp - 0.5) < 1e-3), default=np.nan
+                ),
                 "converged_fraction": float(np.mean(r["converged"])),
                 "best_eig_residual": r["best_eig_residual"],
                 "best_rank_W": str(r["best_rank_W"]),
@@ -184,6 +201,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 f"{best:.10f}",
                 abs(best - 0.5) <= 1e-3 and best <= 0.5 + 1e-6,
                 "1e-3 / 1e-6",
+                id="best-speed-half",
             )
         )
         frac = dict(zip(table["width"], table["success_fraction"]))
@@ -196,6 +214,32 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                     ">= 0.8 at every width >= 64",
                     wide,
                     min(wide.values()) >= 0.8,
+                    id="wide-success",
+                )
+            )
+        fr = [frac[w] for w in widths]
+        claims.append(
+            claim(
+                f"wider nets are more likely to find the faster rank-two direction: the success fraction is "
+                f"non-decreasing in the width (widths {widths})",
+                f"{REF}; Fig. 2 right",
+                "f(w_{i+1}) >= f(w_i) for every pair",
+                fr,
+                all(b >= a for a, b in zip(fr[:-1], fr[1:])),
+                id="success-monotone",
+            )
+        )
+        at_half = [x for r, _ in pgd for sp, x in zip(r["speeds"], r["s2_s1_W1"]) if abs(sp - 0.5) < 1e-3]
+        if at_half:
+            claims.append(
+                claim(
+                    f"the optima found (speed within 1e-3 of 1/2, {len(at_half)} runs) have a rank-two first layer: "
+                    f"s_2/s_1(W_1) >= {cfg.rank_two_s2_s1:g} in every one (Example 1: s_2/s_1 = 1)",
+                    f"{REF}; Example 1",
+                    f">= {cfg.rank_two_s2_s1:g}",
+                    min(at_half),
+                    min(at_half) >= cfg.rank_two_s2_s1,
+                    id="optima-rank-two",
                 )
             )
         if 2 in frac:
@@ -206,12 +250,20 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                     "<= 0.05",
                     frac[2],
                     frac[2] <= 0.05,
+                    id="narrow-failure",
                 )
             )
     c, bounds = theorem31_bound(X, G, 0.5, cfg.depth)
     notes.append(
         f"Thm 3.1 at s* = 1/2: c = {c:.4f}; B(ℓ) = {bounds} (∞ = vacuous; B < 1 needs ℓ > 81c² = {81 * c * c:.0f})."
     )
+    if pgd:
+        t31 = [r["theorem31"] for r, _ in pgd]
+        notes.append(
+            "Thm 3.1 evaluated on the best run of each width (`theorem31_check`, s* = its own speed): c = "
+            f"{fmt([t['c'] for t in t31])}, informative layers {[t['informative'] for t in t31]}, holds "
+            f"{[t['holds'] for t in t31]}; at depth 3 the bound is vacuous, so this is a reading, not a claim."
+        )
     notes.append(
         "Optima sit on ReLU kinks, so the eigen-equation residual of the best runs is not small (§5, §8.4); "
         "the values of L0 are what is checked."
@@ -253,6 +305,24 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         a2.legend(fontsize=8)
         a2.set_title("final speeds")
         figures["width_sweep"] = fig2
+
+        cols = min(len(pgd), 4)
+        nrow = math.ceil(len(pgd) / cols)
+        fig3, axs = plt.subplots(nrow, cols, figsize=(3.6 * cols, 2.9 * nrow), squeeze=False, sharey=True)
+        for ax, (r, w) in zip(axs.flat, pgd):
+            for sp, tr in zip(r["speeds"], r["trace"]):
+                ok = sp > threshold
+                ax.plot(r["trace_steps"], tr, lw=0.8, color="tab:blue" if ok else "tab:red", alpha=0.7)
+            ax.axhline(RANK_ONE_SPEED, color="0.3", ls="--", lw=0.8)
+            ax.axhline(0.5, color="0.3", ls=":", lw=0.8)
+            ax.set_title(f"width {w}", fontsize=9)
+            ax.set_xlabel("PGD step", fontsize=8)
+        for ax in axs.flat[len(pgd) :]:
+            ax.axis("off")
+        axs[0][0].set_ylabel("speed -L0(θ) on ‖θ‖² = 3")
+        fig3.suptitle("Fig. 2 centre / Fig. 6: projected-GD runs (blue: speed > √2-1 + 1e-3, red: not)")
+        fig3.tight_layout()
+        figures["pgd_curves"] = fig3
 
     summary = {
         "max_rank_one_curve": float(S[i_max]),

@@ -4,8 +4,9 @@ net (docs/theory/sparsity.md §2 "Forces" and "Visualization"; Jacot et al. 2022
 A depth-3 ReLU MLP (β = 1) is trained on digits with mean cross-entropy + λ‖θ‖² (Adam, then full-batch
 GD); the forces F^att = -λ∇a_l and F^rep = -λ∇r_l are computed in float64 on both hidden layers and drawn
 in the top-2 uncentered principal directions, per datapoint (coloured by class) and per neuron.
-Measured: class separation in layer 2 (nearest-class-mean accuracy of Z_2) and the share of neurons
-whose nearest cosine neighbour is >= 0.99 ("neurons form rays"), against the same net at initialization.
+Measured: class separation in layer 2 (nearest-class-mean accuracy of Z_2) and the share of alive neurons
+whose nearest cosine neighbour is >= 0.99; "neurons form rays" (the paper) is claimed as a majority, share >= 0.5
+in every hidden layer (at initialization it is 0).
 quick: digits, width 64, Adam 3000 + GD 2000 (ours). paper: MNIST, width 200, GD only (Appendix A).
 """
 
@@ -44,6 +45,7 @@ class Config(ExperimentConfig):
     gd_steps: int = Field(2000, ge=0)
     gd_lr: float = Field(0.05, gt=0)
     ray_cosine: float = Field(0.99, gt=0, le=1)
+    ray_majority: float = Field(0.5, gt=0, le=1)
     max_points: int = Field(500, ge=10)
     log_every: int = Field(500, ge=1)
 
@@ -158,17 +160,19 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             f">= max(0.9, {sep0:.3f})",
             sep,
             sep >= 0.9 and sep > sep0,
+            id="class-separation",
         )
     ]
     for lay in lays:
         claims.append(
             claim(
-                f"neurons of layer {lay['layer']} settle on rays: share with a nearest cosine neighbour "
-                f">= {cfg.ray_cosine} exceeds that at initialization (init: {lay['ray_share_init']:.3f})",
+                f"neurons of layer {lay['layer']} align along rays: most alive neurons ({lay['alive']}) have another "
+                f"on their ray, a nearest cosine neighbour >= {cfg.ray_cosine} (init: {lay['ray_share_init']:.3f})",
                 ref,
-                f"> {lay['ray_share_init']:.3f}",
+                f">= {cfg.ray_majority:g}",
                 lay["ray_share"],
-                lay["ray_share"] > lay["ray_share_init"],
+                lay["ray_share"] >= cfg.ray_majority,
+                id=f"rays-layer{lay['layer']}",
             )
         )
     summary = {

@@ -158,6 +158,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             "<= 1e-3",
             float(drift_min),
             drift_min <= 1e-3,
+            id="inscope-drift",
         ),
         claim(
             "drift is O(η) at fixed τ: log-log slope of each architecture's max in-scope drift against η",
@@ -165,6 +166,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             "in [0.8, 1.2]",
             [float(v) for v in slopes.values()],
             all(0.8 <= v <= 1.2 for v in slopes.values()),
+            id="drift-slope",
         ),
         claim(
             "one GD step changes each in-scope Q by exactly η²q(G): max |ΔQ - η²q(G)| / (1 + |Q|) over all steps",
@@ -172,6 +174,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             "<= 1e-9",
             worst_res,
             worst_res <= 1e-9,
+            id="gd-step-exact",
         ),
         claim(
             "no run's loss rises in its first 100 steps (else the η grid must be halved)",
@@ -180,6 +183,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             max(r["max_early_rise"] for r in results.values()),
             max(r["max_early_rise"] for r in results.values()) <= 1e-12,
             tolerance="1e-12",
+            id="no-early-rise",
         ),
     ]
     summary = {
@@ -198,6 +202,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 ">= 10",
                 float(c_min / drift_min),
                 c_min >= 10 * drift_min,
+                id="control-drift",
             )
         )
         claims.append(
@@ -207,6 +212,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 "<= 0.3",
                 c_slopes,
                 all(v <= 0.3 for v in c_slopes),
+                id="control-slope",
             )
         )
         summary["control_drift_at_eta_min"] = float(c_min)

@@ -176,6 +176,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             "<= 2e-3",
             float(small.to_numpy().max()),
             bool(small.to_numpy().max() <= 2e-3),
+            id="equal-pattern-small",
         ),
         claim(
             "... and halve with η: drift(η/2)/drift(η)",
@@ -183,6 +184,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             "in [0.4, 0.6]",
             [min(halving), max(halving)],
             all(0.4 <= h <= 0.6 for h in halving),
+            id="equal-pattern-halves",
         ),
         claim(
             "mixed-pattern blocks (ReLU-ReLU off-diagonal BB, cross AB) move at rate Φ",
@@ -190,17 +192,26 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             ">= 2e-2",
             float(large.to_numpy().min()),
             bool(large.to_numpy().min() >= 2e-2),
+            id="mixed-pattern-large",
         ),
         claim(
-            "... by an amount independent of η: (max - min)/max across η", REF, "< 0.1", max(spread), max(spread) < 0.1
+            "... by an amount independent of η: (max - min)/max across η",
+            REF,
+            "< 0.1",
+            max(spread),
+            max(spread) < 0.1,
+            id="mixed-pattern-eta-free",
         ),
-        claim(f"separation min(BB, AB)/max(AA, diag) at η = {etas[0]:g}", REF, ">= 30", sep, sep >= 30),
+        claim(
+            f"separation min(BB, AB)/max(AA, diag) at η = {etas[0]:g}", REF, ">= 30", sep, sep >= 30, id="separation"
+        ),
         claim(
             "Φ (closed form of Lemma 4) equals dI/dt by autograd, every 100 steps",
             "docs/theory/invariances.md §3 Lemma 4",
             "<= 1e-9 · max|Φ|",
             phi_err,
             phi_err <= 1e-9,
+            id="phi-autograd",
         ),
     ]
     fig, ax = plt.subplots(figsize=(6.5, 4.2))

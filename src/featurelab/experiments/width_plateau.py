@@ -10,8 +10,10 @@ Datasets: "digits" (sklearn digits, 1000 train / 797 test, mean cross-entropy), 
 a random ReLU teacher of depth 3 and width 8 with standardized outputs, MSE) and "mnist" (local files).
 quick: digits and teacher with the widths and schedules of Part 3 §6, except that digits trains twice as
 long (Adam 4000 + GD 1000; ours, §8.5): with 2000 + 500 steps the wide nets were still improving, and
-m(32) ended 1.01 m(64) (a cosine Adam schedule did worse). paper: MNIST 60k,
-15 widths in [1, 200] x 3 trials, Adam 10k + GD 5k (for a GPU).
+m(32) ended 1.01 m(64) (a cosine Adam schedule did worse). paper (for a GPU): both panels of Fig. 2, MNIST 60k
+and the teacher with N = 1000, 15 widths in [1, 200] x 3 trials each, Adam 10k + GD 5k.
+For classification the analysis also computes Prop. 14's width bound for the one-hot labels, cp-rank(M_Y)
+(`cp_rank_bounds`), the paper's explanation of a plateau near the number of classes.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..config import ExperimentConfig
 from ..data import Dataset, digits, mnist
 from ..figures import plt
 from ..measurements.representations import regularized_loss
-from ..measurements.sparsity import caratheodory_reduce, merge_aligned_neurons
+from ..measurements.sparsity import caratheodory_reduce, cp_rank_bounds, merge_aligned_neurons, output_gram_root
 from ..models import MLP
 from ..models.mlp import mlp_with_weights
 from ..training import Phase, TrainConfig
@@ -86,7 +88,17 @@ PRESETS = {
         "digits": {"widths": [4, 16], "trials": 1, "adam_steps": 200, "gd_steps": 50},
         "teacher": {"widths": [1, 8], "trials": 1, "adam_steps": 200, "gd_steps": 50},
     },
-    "paper": {"datasets": ["mnist"]},
+    "paper": {
+        "datasets": ["mnist", "teacher"],
+        "teacher": {
+            "widths": [1, 2, 3, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64, 128, 200],
+            "trials": 3,
+            "adam_steps": 10000,
+            "adam_lr": 1e-3,
+            "gd_steps": 5000,
+        },
+        "teacher_n_train": 1000,
+    },
 }
 OBJECTIVE = {"digits": "cross_entropy", "mnist": "cross_entropy", "teacher": "mse"}
 
@@ -246,6 +258,14 @@ def per_width(rows: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def onehot_cp_rank(labels: torch.Tensor) -> list[int | None]:
+    """[lower, upper] bounds on cp-rank(M_Y) for one-hot labels (Prop. 14's width bound for X = I_N); the
+    factor Y diag(N_c^{-1/4}) gives the upper bound, the rank the lower one."""
+    Y = torch.nn.functional.one_hot(labels.long()).to(torch.float64)
+    b = cp_rank_bounds(output_gram_root(Y), factor=Y * Y.sum(0).clamp_min(1) ** -0.25, rtol=1e-9)
+    return [b.lower, b.upper]
+
+
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     rows = pd.DataFrame(results.values())
     claims, figures, tables, summary, notes = [], {}, {"runs": rows}, {}, []
@@ -272,6 +292,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         if drops:
             notes.append(f"{d}: m(w) rises by > 1% at widths {drops} (optimization failures, Part 3 §5d)")
         m_at = dict(zip(widths, m))
+        if d != "teacher":
+            summary[d]["prop14_width_bound"] = onehot_cp_rank(make_data(cfg, d).Y_train)
         if d == "digits":
             if 4 in m_at:
                 claims.append(
@@ -281,6 +303,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                         ">= 1.4",
                         m_at[4] / m_inf,
                         m_at[4] >= 1.4 * m_inf,
+                        id="digits-m4-gap",
                     )
                 )
             claims.append(
@@ -290,9 +313,12 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                     "[8, 16]",
                     nstar["0.05"],
                     8 <= nstar["0.05"] <= 16,
+                    id="digits-plateau-start",
                 )
             )
-            claims.append(claim("digits: n*(1%) <= 48", ref, "<= 48", nstar["0.01"], nstar["0.01"] <= 48))
+            claims.append(
+                claim("digits: n*(1%) <= 48", ref, "<= 48", nstar["0.01"], nstar["0.01"] <= 48, id="digits-nstar-1pct")
+            )
             big = table[table["width"] >= 16]
             if len(big):
                 worst = float(big["test_error"].max())
@@ -303,6 +329,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                         "<= 0.05",
                         worst,
                         worst <= 0.05,
+                        id="digits-test-error",
                     )
                 )
         elif d == "teacher":
@@ -314,11 +341,30 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                         ">= 5",
                         m_at[1] / m_inf,
                         m_at[1] >= 5 * m_inf,
+                        id="teacher-m1-gap",
                     )
                 )
-            claims.append(claim("teacher: n*(10%) in [6, 32]", ref, "[6, 32]", nstar["0.1"], 6 <= nstar["0.1"] <= 32))
+            claims.append(
+                claim(
+                    "teacher: n*(10%) in [6, 32]",
+                    ref,
+                    "[6, 32]",
+                    nstar["0.1"],
+                    6 <= nstar["0.1"] <= 32,
+                    id="teacher-plateau-start",
+                )
+            )
         else:
-            claims.append(claim("MNIST: n*(5%) in [8, 20]", ref, "[8, 20]", nstar["0.05"], 8 <= nstar["0.05"] <= 20))
+            claims.append(
+                claim(
+                    "MNIST: n*(5%) in [8, 20]",
+                    ref,
+                    "[8, 20]",
+                    nstar["0.05"],
+                    8 <= nstar["0.05"] <= 20,
+                    id="mnist-plateau-start",
+                )
+            )
         worst_out = float(sub["reduced_output_error"].max())
         claims.append(
             claim(
@@ -328,6 +374,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 worst_out,
                 worst_out <= 1e-8,
                 "1e-8 relative, float64",
+                id=f"{d}-caratheodory-outputs",
             )
         )
         rise = float(((sub["reduced_loss"] - sub["loss"]) / sub["loss"]).max())
@@ -339,6 +386,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 rise,
                 rise <= 1e-12,
                 "1e-12 relative (rounding)",
+                id=f"{d}-caratheodory-loss",
             )
         )
         axes[0].plot(widths, np.array(m) / m_inf, marker="o", label=d)

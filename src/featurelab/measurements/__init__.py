@@ -6,7 +6,15 @@ beside it.
 
 # spectra and ranks of any matrix (docs/theory/bottleneck-rank.md)
 # training invariances and alignment (docs/theory/invariances.md)
-from .alignment import adjacent_alignment, layer_ratios, theorem2_bounds, theorem2_constants
+from .alignment import (
+    adjacent_alignment,
+    layer_ratios,
+    linear_tail_alignment,
+    linear_tail_bounds,
+    linear_tail_constants,
+    theorem2_bounds,
+    theorem2_constants,
+)
 
 # bottleneck rank and representation cost (docs/theory/bottleneck-rank.md)
 from .bottleneck import (
@@ -40,8 +48,10 @@ from .escape import (
     prop33_check,
     prop34_check,
     rank_one_chain,
+    second_singular_bound,
     tail_ratio,
     theorem31_bound,
+    theorem31_check,
 )
 from .hamiltonian import backward_variables, geodesic_diagnostics
 from .invariances import (
@@ -92,7 +102,17 @@ from .representations import (
     tikhonov_loss,
     weights_from_representations,
 )
-from .sparsity import caratheodory_reduce, class_separation, merge_aligned_neurons, pad_width, pattern_merge, ray_share
+from .sparsity import (
+    CpRankBounds,
+    caratheodory_reduce,
+    class_separation,
+    cp_rank_bounds,
+    merge_aligned_neurons,
+    output_gram_root,
+    pad_width,
+    pattern_merge,
+    ray_share,
+)
 
 __all__ = [
     "singular_values",
@@ -144,6 +164,9 @@ __all__ = [
     "pad_width",
     "pattern_merge",
     "ray_share",
+    "CpRankBounds",
+    "cp_rank_bounds",
+    "output_gram_root",
     "EscapeSearch",
     "blowup_time",
     "cross_entropy_gradient",
@@ -160,10 +183,15 @@ __all__ = [
     "rank_one_chain",
     "tail_ratio",
     "theorem31_bound",
+    "theorem31_check",
+    "second_singular_bound",
     "adjacent_alignment",
     "layer_ratios",
     "theorem2_bounds",
     "theorem2_constants",
+    "linear_tail_constants",
+    "linear_tail_bounds",
+    "linear_tail_alignment",
     "Invariant",
     "InvariantSet",
     "InvariantTracker",

@@ -141,3 +141,38 @@ def theorem2_bounds(constants: list[TailConstants], model) -> dict[int, tuple[fl
                 tc.rho_paper - (tc.E_paper + tc.rho_paper * tc.f) / F2,
             )
     return out
+
+
+def linear_tail_constants(tail: list[torch.Tensor]) -> list[float]:
+    """D_k = Σ_{j>=k} (‖C_j‖_op - tr C_j), C_j = W_{j+1}ᵀW_{j+1} - W_jW_jᵀ, for a bias-free all-FC linear tail
+    ``[W_k, ..., W_N]`` (each ``n_out x n_in``, W_N the output row), k = first .. N-1 (Part 5 §4 step 6).
+
+    Only the tail enters: C_j is conserved by gradient flow whenever the units between W_j and W_{j+1} are
+    linear and unbiased, whatever feeds W_k (Theorem 2's g may be non-homogeneous, e.g. tanh with biases).
+    Compute at a reference point (the init); then ratio_k(t) >= 1 - D_k/‖W_k(t)‖²_F along the flow.
+    """
+    Ws = [W.detach().double() for W in tail]
+    C = [Ws[j + 1].T @ Ws[j + 1] - Ws[j] @ Ws[j].T for j in range(len(Ws) - 1)]
+    terms = [_op(c) - float(c.trace()) for c in C]
+    return [sum(terms[k:]) for k in range(len(terms))]
+
+
+def linear_tail_bounds(constants: list[float], tail: list[torch.Tensor]) -> list[tuple[float, float]]:
+    """[(ratio_k, 1 - D_k/‖W_k‖²_F)] for the tail's stages k = first .. N-1 (`linear_tail_constants`)."""
+    out = []
+    for D, W in zip(constants, tail):
+        W = W.detach().double()
+        F2 = float((W**2).sum())
+        out.append((_op(W) ** 2 / F2, 1 - D / F2))
+    return out
+
+
+def linear_tail_alignment(tail: list[torch.Tensor]) -> list[float]:
+    """|⟨v_{k+1}, u_k⟩| for consecutive tail matrices: u_k the top left singular vector of W_k, v_{k+1} the top
+    right one of W_{k+1} (Part 5 §4 (15)); any network, no homogeneity needed."""
+    out = []
+    for W, W_next in zip(tail[:-1], tail[1:]):
+        u, _ = _top_vectors(W)
+        _, v = _top_vectors(W_next)
+        out.append(float((u @ v).abs()))
+    return out

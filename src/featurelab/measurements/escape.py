@@ -365,6 +365,51 @@ def theorem31_bound(X, G, s_star: float, depth: int) -> tuple[float, list[float]
     return c, bounds
 
 
+def second_singular_bound(r_bound: float) -> float:
+    """s_2/s_1 <= sqrt(r/(1 - r)) for any matrix with r = Σ_{i>=2} s_i²/Σ s_i² <= r_bound (s_2² <= Σ_{i>=2} s_i²
+    = s_1² r/(1-r)); inf for r_bound >= 1. With Thm 3.1's B(ℓ) ~ 8cℓ^{-1/2} this is the abstract's
+    "s_2 is O(ℓ^{-1/4}) times s_1": sqrt(B/(1-B)) ~ sqrt(8c) ℓ^{-1/4} (docs/theory/saddle-to-saddle.md §3.3)."""
+    return math.sqrt(r_bound / (1 - r_bound)) if r_bound < 1 else math.inf
+
+
+def theorem31_check(weights, X, G, s_star: float | None = None) -> dict:
+    """Thm 3.1 (docs/theory/saddle-to-saddle.md §3.3) evaluated on a net θ, e.g. one found by projected GD or
+    training: every r_W(ℓ), r_Z(ℓ), lin(ℓ) against B(ℓ), and s_2/s_1(W_ℓ) against `second_singular_bound`.
+
+    s_star: the optimal speed; default speed(θ), which is s* when θ is an optimal escape direction (the
+    theorem's hypothesis; for any other θ it is only a reading, and a smaller s gives a weaker bound).
+    weights, X (``N x d_in``), G (``N x d_out``) as in `localized_loss`.
+    Returns {c, s_star, B: [B(1)..B(L)], s2_s1_bound, r_W, r_Z (ℓ = 1..L-1), lin, s2_s1, excess (max over
+    layers and ratios of measured - bound, -inf where all bounds are infinite), holds, informative (layers
+    with B(ℓ) < 1)}.
+    """
+    X = as_matrix("X", X)
+    Ws = [W.detach() for W in as_weights(weights, X)]
+    X, G = as_data(X, G, Ws[-1].shape[0])
+    L = len(Ws)
+    s = float(_speed(Ws, X, G)) if s_star is None else s_star
+    c, B = theorem31_bound(X, G, s, L)
+    diag = layer_diagnostics(Ws, X)
+    r_Z, lin = diag["r_Z"][1:], diag["lin"]
+    excess = [diag["r_W"][l] - B[l] for l in range(L)]
+    excess += [max(r_Z[l], lin[l]) - B[l] for l in range(L - 1)]
+    excess += [diag["s2_s1"][l] - second_singular_bound(B[l]) for l in range(L)]
+    worst = max(excess)
+    return {
+        "c": c,
+        "s_star": s,
+        "B": B,
+        "s2_s1_bound": [second_singular_bound(b) for b in B],
+        "r_W": diag["r_W"],
+        "r_Z": r_Z,
+        "lin": lin,
+        "s2_s1": diag["s2_s1"],
+        "excess": worst,
+        "holds": worst <= 1e-12,
+        "informative": [l + 1 for l in range(L) if B[l] < 1],
+    }
+
+
 # --------------------------------------------------------------------------- §3.4 Prop 3.4
 def prop34_check(weights, X, G, p: float = 0.5) -> dict:
     """Prop 3.4 (docs/theory/saddle-to-saddle.md §3.4) at any θ with L0(θ) < 0, evaluated on the √L-sphere (the

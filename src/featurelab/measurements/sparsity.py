@@ -9,6 +9,8 @@ report (a DataFrame). All need a positively homogeneous activation (leaky-ReLU f
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pandas as pd
 import torch
 
@@ -340,3 +342,76 @@ def class_separation(Z: torch.Tensor, labels: torch.Tensor) -> float:
     classes = labels.unique()
     means = torch.stack([Z[labels == c].mean(0) for c in classes])
     return float((classes[torch.cdist(Z, means).argmin(1)] == labels).double().mean())
+
+
+# ------------------------------------------------------------------------------- cp-rank
+class CpRankBounds(NamedTuple):
+    """Bounds on the cp-rank of a completely positive matrix (docs/theory/sparsity.md §4, Prop. 13-14).
+
+    lower: max(rank, clique-cover bound); upper: columns of a verified factor (None without one).
+    rank: numerical rank. edges: edges of the support graph. triangle_free: whether that graph has no triangle.
+    exact: lower == upper (the cp-rank is then computed).
+    """
+
+    lower: int
+    upper: int | None
+    rank: int
+    edges: int
+    triangle_free: bool
+
+    @property
+    def exact(self) -> bool:
+        return self.upper is not None and self.lower == self.upper
+
+
+def cp_rank_bounds(A, factor=None, rtol: float = 1e-10) -> CpRankBounds:
+    """Lower and upper bounds on cp-rank(A) = min{k : A = BBᵀ, B >= 0 with k columns} (Jacot et al. 2022, §4).
+
+    Lower bound: cp-rank >= rank(A), and every term b bᵀ (b >= 0) of a factorization is supported on a clique
+    of the support graph G(A) (edge ij where A_ij > 0, i != j), so cp-rank >= the number of cliques needed
+    to cover every edge and every vertex with A_ii > 0. When G(A) is triangle-free its cliques are edges
+    and single vertices, and that number is |E| plus the vertices with A_ii > 0 and no edge (Prop. 13's
+    argument, exact). With triangles only the rank bound is used. Upper bound: the number of nonzero
+    columns of `factor` (``N x k``), accepted only if it is entrywise >= 0 and ``factor factorᵀ = A`` to
+    `rtol` relative. A: ``N x N`` symmetric, entrywise >= 0 (float64). Entries below rtol·max|A| count as 0.
+    """
+    A = torch.as_tensor(A, dtype=torch.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1]:
+        raise FeaturelabError(f"A has shape {tuple(A.shape)}; it must be a square N x N matrix")
+    positive("rtol", rtol)
+    scale = float(A.abs().max())
+    if scale == 0:
+        return CpRankBounds(0, 0 if factor is not None else None, 0, 0, True)
+    if float((A - A.T).abs().max()) > rtol * scale or float(A.min()) < -rtol * scale:
+        raise FeaturelabError("A is not allowed: a completely positive matrix is symmetric and entrywise >= 0")
+    support = (A > rtol * scale).double()
+    adj = support - torch.diag(support.diagonal())
+    edges = int(adj.sum().item()) // 2
+    triangle_free = bool(torch.trace(adj @ adj @ adj).abs() < 0.5)
+    s = torch.linalg.eigvalsh(A).abs()
+    rank = int((s > rtol * s.max()).sum())
+    lower = rank
+    if triangle_free:
+        isolated = int(((support.diagonal() > 0) & (adj.sum(1) == 0)).sum())
+        lower = max(lower, edges + isolated)
+    upper = None
+    if factor is not None:
+        B = torch.as_tensor(factor, dtype=torch.float64)
+        if B.ndim != 2 or B.shape[0] != A.shape[0]:
+            raise FeaturelabError(f"factor has shape {tuple(B.shape)}; it must be N x k with N = {A.shape[0]}")
+        if float(B.min()) < 0 or float((B @ B.T - A).abs().max()) > rtol * scale:
+            raise FeaturelabError("factor is not allowed: it must be entrywise >= 0 with factor·factorᵀ = A")
+        upper = int((B.abs().amax(0) > 0).sum())
+    return CpRankBounds(lower, upper, rank, edges, triangle_free)
+
+
+def output_gram_root(Y) -> torch.Tensor:
+    """M_Y = (Y Yᵀ)^{1/2} (``N x N``, float64; the papers' (YᵀY)^{1/2} with columns as samples), Prop. 14.
+
+    For depth 2, ReLU, β = 0 and X = I_N, a representation-cost minimizer has K_1 = K^σ_1 = M_Y and R = 2 Tr M_Y
+    once the width reaches cp-rank(M_Y); narrower nets cost more (docs/theory/sparsity.md §4, Prop. 14).
+    """
+    Y = torch.as_tensor(Y, dtype=torch.float64)
+    evals, vecs = torch.linalg.eigh(Y @ Y.T)
+    floor = evals.abs().max() * Y.shape[0] * torch.finfo(torch.float64).eps  # rounding, whose √ would be large
+    return (vecs * torch.where(evals > floor, evals, 0).sqrt()) @ vecs.T
