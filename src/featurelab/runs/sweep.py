@@ -1,7 +1,8 @@
 """The sweep mechanism: run an experiment's independent units, batched, on workers, resumably.
 
 Each unit runs in ``<run>/units/<id>/`` and is finished when its ``result.json`` exists (written
-atomically, last). Finished units are skipped, so re-running with ``--resume`` only does what is
+atomically, last, with a sha256 checksum of its content and the config's digest, both checked when it
+is loaded). Finished units are skipped, so re-running with ``--resume`` only does what is
 left, whichever backend ran the rest. A unit that raises is recorded in ``error.txt`` and reported
 as failed; the sweep goes on.
 
@@ -32,7 +33,7 @@ from tqdm.auto import tqdm
 from ..config import ExperimentConfig
 from ..errors import FeaturelabError
 from ..experiments.base import Experiment
-from ..io import read_json
+from ..io import digest, read_json
 from .work import UnitOutcome, WorkItem, execute, one_line
 
 BACKENDS = ("local", "ray")
@@ -63,10 +64,20 @@ def check_backend(backend: str, retries: int) -> None:
         raise FeaturelabError(f"retries={retries!r} is not allowed; it must be an integer >= 0")
 
 
-def finished(run_dir: Path, unit_id: str) -> dict | None:
-    """The stored result of a finished unit, or None."""
-    path = unit_dir(run_dir, unit_id) / "result.json"
-    return read_json(path)["result"] if path.exists() else None
+def finished(run_dir: Path, unit_id: str, cfg: ExperimentConfig) -> dict | None:
+    """The stored result of a finished unit, or None; a result that fails its checksum, is malformed or
+    was written for another config is a one-line error naming the file and the fix."""
+    folder = unit_dir(run_dir, unit_id)
+    path = folder / "result.json"
+    if not path.exists():
+        return None
+    fix = f"delete the folder '{folder}' and run again with --resume to redo this unit"
+    record = read_json(path, checksum=True, kind=dict, fix=fix)
+    if record.get("config") != digest(cfg.model_dump(mode="json")):
+        raise FeaturelabError(f"'{path}' was written for a different config than this run's; {fix}")
+    if not isinstance(record.get("result"), dict):
+        raise FeaturelabError(f"'{path}' holds no result; {fix}")
+    return record["result"]
 
 
 def plan(
@@ -132,7 +143,7 @@ def run_units(
     outcome = SweepOutcome()
     pending = []
     for unit in units:
-        done = finished(run_dir, unit["id"])
+        done = finished(run_dir, unit["id"], cfg)
         if done is not None:
             outcome.results[unit["id"]] = done
             outcome.skipped.append(unit["id"])
