@@ -14,7 +14,7 @@ import math
 
 import pandas as pd
 import torch
-from pydantic import Field
+from pydantic import Field, PositiveInt
 
 from ..claims import claim
 from ..config import ExperimentConfig
@@ -29,7 +29,7 @@ REF = "docs/theory/invariances.md §6b; Le & Jegelka (ICLR 2022) Theorem 2 (15),
 
 
 class Config(ExperimentConfig):
-    widths: list[int] = Field([32, 32, 16, 16], min_length=2)
+    widths: list[PositiveInt] = Field([32, 32, 16, 16], min_length=2)
     linear_tail: int = Field(3, ge=1)
     init_scale: float = Field(0.2, gt=0)
     lr: float = Field(0.2, gt=0)

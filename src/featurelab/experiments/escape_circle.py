@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import Field, PositiveInt
 
 from ..claims import claim
 from ..config import ExperimentConfig
@@ -40,11 +40,11 @@ REF = "docs/theory/saddle-to-saddle.md §5; Bantzis, Simon, Jacot Example 1 / Fi
 class Config(ExperimentConfig):
     n_points: int = Field(8, ge=2)
     depth: int = Field(3, ge=2)
-    widths: list[int] = Field([2, 4, 8, 16, 32, 64], min_length=1)
+    widths: list[PositiveInt] = Field([2, 4, 8, 16, 32, 64], min_length=1)
     restarts: int = Field(20, ge=1)
     steps: int = Field(4000, ge=1)
     lr: float = Field(0.05, gt=0)
-    rank_one_widths: list[int] = Field([4, 8, 32])
+    rank_one_widths: list[PositiveInt] = Field([4, 8, 32])
     rank_one_restarts: int = Field(20, ge=1)
     rank_one_steps: int = Field(3000, ge=1)
     phi_points: int = Field(8 * 900 + 1, ge=9)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 import torch
-from pydantic import Field
+from pydantic import Field, PositiveFloat
 
 from ..claims import claim
 from ..config import ExperimentConfig
@@ -30,7 +30,7 @@ BLOCKS = ("AA", "BB", "AB", "diag")
 
 
 class Config(ExperimentConfig):
-    etas: list[float] = Field([0.1, 0.05, 0.025], min_length=2)
+    etas: list[PositiveFloat] = Field([0.1, 0.05, 0.025], min_length=2)
     tau: float = Field(100.0, gt=0)
     width: int = Field(32, ge=2)
     n_linear: int = Field(8, ge=1)

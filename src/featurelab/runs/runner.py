@@ -4,9 +4,9 @@ A run folder holds ``config.yaml``, ``units/<id>/`` (each unit's result, history
 ``figures/`` (PNG + SVG), ``tables/`` (CSV), ``claims.json``, ``report.html`` and ``results.json``.
 ``results.json`` is written last, after the report has rendered: its presence marks a finished run,
 which is never changed again (``--resume`` of it only reports it), unless units failed: ``--resume``
-then re-runs those (the previous record stays in place until the new one replaces it). While a process writes the folder it
-holds the folder's lock (`featurelab.runs.lock.RunLock`). Everything the config decides is checked
-before the folder is touched.
+then re-runs those (the previous record stays in place until the new one replaces it). While a process
+writes the folder it holds the folder's lock (`featurelab.runs.lock.RunLock`). Everything the config
+decides is checked before the folder is touched.
 
 Health: a unit whose result is marked ``"unhealthy"`` (a diverged, collapsed or chance-level network,
 `featurelab.training.health`) leaves every claim "not measured"; a run with failed or unhealthy units

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..config import Validated
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
-from ..io import write_text
+from ..io import digest, write_text
 from ..runtime import resolve_device
 from .checkpoint import load_checkpoint, restore_optimizer, save_checkpoint, save_model
 from .objectives import data_cost, error_rate
@@ -212,9 +212,15 @@ def train(
     start_step, done = 0, False
     state = {"lr_scale": 1.0, "capped": torch.zeros((), dtype=torch.int64, device=dev)}
     ckpt = load_checkpoint(folder) if (folder is not None and resume) else None
+    config_digest = digest(config.model_dump(mode="json"))
     if ckpt is not None:
         tensors, info = ckpt
-        if info.get("dtype"):
+        if info.get("config") != config_digest:
+            raise FeaturelabError(
+                f"'{folder / 'checkpoint.safetensors'}' was written by a training run with another config; "
+                "delete it to train this one afresh"
+            )
+        if info.get("dtype") and next(model.parameters()).dtype != getattr(torch, info["dtype"]):
             model.to(getattr(torch, info["dtype"]))
         model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         rows, start_step, done = info["history"], info["step"], info["done"]
@@ -250,6 +256,7 @@ def train(
             "capped_steps": int(state["capped"]),
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "rho_history": getattr(model, "rho_history", []),
+            "config": config_digest,
         }
         save_checkpoint(folder, model, optimizer, info)
 
