@@ -23,6 +23,7 @@ from ..figures import plt
 from ..measurements.alignment import adjacent_alignment, layer_ratios, theorem2_bounds, theorem2_constants
 from ..models import MLP
 from ..training import Phase, TrainConfig, train
+from ..training.health import training_health
 from .base import Analysis, Experiment
 
 REF = "docs/theory/invariances.md §6b; Le & Jegelka (ICLR 2022) Theorem 2 (15), Corollary 1"
@@ -99,6 +100,7 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         "tail_layers": [tc_.stage + 1 for tc_ in log.constants],
         "risk_condition_step": int(hist["step"][below[0]]) if len(below) else None,
         "seconds": result.seconds,
+        "unhealthy": training_health(model, data, "logistic"),
     }
 
 

@@ -33,6 +33,7 @@ from ..measurements.ranks import numerical_rank
 from .base import Analysis, Experiment
 
 RANK_ONE_SPEED = math.sqrt(2) - 1
+DEAD_SPEED = 1e-9  # a best escape speed at or below this: every searched network is dead (no escape measured)
 REFERENCE_FRACTIONS = {2: 0.00, 4: 0.02, 8: 0.30, 16: 0.78, 32: 0.92, 64: 0.98, 128: 1.00}  # Part 4 §5, seed 1
 REF = "docs/theory/saddle-to-saddle.md §5; Bantzis, Simon, Jacot Example 1 / Fig. 2"
 
@@ -99,6 +100,7 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         lr=None if rank_one else cfg.lr,
     )
     speed, best = res.best()
+    dead = not speed > DEAD_SPEED  # every restart ended with a network whose output no longer moves
     diag = layer_diagnostics(best, X)
     act = forward(best, X)[1]
     return {
@@ -110,6 +112,7 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         "best_rank_W": [numerical_rank(W, 1e-6) for W in best],
         "best_rank_Zsigma": [numerical_rank(a, 1e-6) for a in act],
         "best_diagnostics": {k: diag[k] for k in ("r_W", "r_Z", "lin", "s2_s1")},
+        "unhealthy": f"collapsed: every net dead (best escape speed {speed:.3g})" if dead else "",
     }
 
 

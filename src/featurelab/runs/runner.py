@@ -33,6 +33,7 @@ from ..runtime import check_memory, resolve_device, versions
 from .lock import LOCK_NAME, RunLock
 from .report import check_claims, render_report
 from .sweep import check_backend, run_units
+from .work import one_line
 
 
 @dataclass
@@ -213,6 +214,10 @@ def run_experiment(
     exp, cfg = resolve_config(name, preset, overrides, seed)
     dev = str(resolve_device(device))
     check_backend(backend, retries)
+    if backend == "ray":
+        from .ray_backend import reachable
+
+        reachable(address)
     run = run if run is not None else Path("runs") / f"{name}-{preset}"
     check_run_folder(run)
     created = not run.exists()
@@ -275,7 +280,16 @@ def _run(exp, cfg, run: Path, preset: str, sweep_args: dict) -> RunRecord:
             f"(traceback in {run / 'units' / first[0] / 'error.txt'})"
         )
     unhealthy = {u: str(r["unhealthy"]) for u, r in sweep.results.items() if r.get("unhealthy")}
-    analysis = exp.analyze(cfg, sweep.results, AnalysisContext(run, dev, dict(sweep.failed)))
+    try:
+        analysis = exp.analyze(cfg, sweep.results, AnalysisContext(run, dev, dict(sweep.failed)))
+    except Exception as exc:
+        if isinstance(exc, FeaturelabError) or not sweep.failed:
+            raise
+        raise FeaturelabError(
+            f"the analysis of {name} cannot do without its {len(sweep.failed)} failed units "
+            f"({', '.join(sweep.failed)}; first: {next(iter(sweep.failed.values()))}) [{one_line(exc)}]; "
+            "fix their cause (units/<id>/error.txt) and run again with --resume"
+        ) from None
     claims = _claim_gate(list(analysis.claims), unhealthy)
     if len(units) > 1:
         claims.append(

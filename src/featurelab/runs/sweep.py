@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -50,6 +53,35 @@ class SweepOutcome:
     seconds: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     ensembles: list[int] = field(default_factory=list)
+
+
+def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """Initializer of the local backend's worker processes: they leave Ctrl-C to the parent (which stops
+    them) and exit as soon as the parent is gone, even when it was killed with SIGKILL (Linux: the
+    kernel's parent-death signal; elsewhere a thread that polls the parent's id every `interval` s)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="featurelab-watch-parent", daemon=True).start()
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the pool's queued work items and end its workers now (files are written atomically, so
+    what they leave is resumable)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        proc.terminate()
 
 
 def unit_dir(run_dir: Path, unit_id: str) -> Path:
@@ -179,7 +211,8 @@ def run_units(
             record(execute(it, progress=show))
     else:
         ctx = get_context("spawn")  # fork after torch threads start is unsafe
-        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=watch_parent, initargs=(os.getpid(),))
+        try:
             futures = {pool.submit(execute, it): it for it in items}
             for fut in tqdm(as_completed(futures), total=len(futures), desc=exp.name, disable=not show, leave=False):
                 try:
@@ -191,6 +224,10 @@ def run_units(
                             for u in futures[fut].units
                         ]
                     )
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) or an error here: stop the workers at once
+            _stop(pool)
+            raise
+        pool.shutdown()
     # keep the units' order
     outcome.results = {u["id"]: outcome.results[u["id"]] for u in units if u["id"] in outcome.results}
     return outcome
