@@ -20,13 +20,16 @@ def singular_values(M, k: int | None = None) -> torch.Tensor:
 def stable_rank(M) -> float:
     """sr_op(M) = ‖M‖²_F / ‖M‖²_op (docs/theory/leaky-resnets.md §3.6); 0 for the zero matrix."""
     s = singular_values(M)
-    return float((s**2).sum() / s[0] ** 2) if s.numel() and s[0] > 0 else 0.0
+    return float(((s / s[0]) ** 2).sum()) if s.numel() and s[0] > 0 else 0.0  # s/s_1: no overflow of s²
 
 
 def nuclear_rank(M) -> float:
     """sr_*(M) = ‖M‖²_* / ‖M‖²_F (Part 1 Prop. 1; sr_op <= sr_* <= rank M); 0 for the zero matrix."""
     s = singular_values(M)
-    return float(s.sum() ** 2 / (s**2).sum()) if s.numel() and s[0] > 0 else 0.0
+    if not (s.numel() and s[0] > 0):
+        return 0.0
+    s = s / s[0]  # scale-invariant; avoids overflow of s²
+    return float(s.sum() ** 2 / (s**2).sum())
 
 
 def effective_rank(M, rel: float = 0.1) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..checks import int_at_least, positive
+from ..checks import int_at_least, nonempty, positive
 from ..errors import FeaturelabError
 from ..models.mlp import MLP, mlp_with_weights
 from .representations import RTOL, check_inputs, layers, row_basis
@@ -195,6 +195,7 @@ def caratheodory_reduce(model: MLP, X, rtol: float = NULL_RTOL) -> tuple[MLP, pd
     (max|Δf|/max|f| on X after this layer).
     """
     X, _ = check_inputs(model, X, homogeneous=True)
+    nonempty("X", X)
     positive("rtol", rtol)
     lay = layers(model, X)
     W, ref = list(lay.weights), lay.pre[-1]
