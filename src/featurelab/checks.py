@@ -26,6 +26,13 @@ def as_matrix(name: str, value, dtype=torch.float64) -> torch.Tensor:
     return value.to(dtype)
 
 
+def nonempty(name: str, M: torch.Tensor) -> torch.Tensor:
+    """Raise unless the matrix `M` has at least one row and one column."""
+    if M.shape[0] == 0 or M.shape[1] == 0:
+        raise FeaturelabError(f"{name} has shape {tuple(M.shape)}; it needs at least one row (sample) and one column")
+    return M
+
+
 def same_rows(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
     """Raise unless `a` and `b` have the same number of rows (samples)."""
     if a.shape[0] != b.shape[0]:

@@ -13,7 +13,9 @@ class Claim:
     id: a stable name (``"f4-bottleneck-rank"``): tests and users find a claim by it, never by its wording.
     statement: what is claimed, in words.   reference: where (paper, section or figure, arXiv id).
     expected: the value or range claimed.    measured: what this run measured.
-    tolerance: the slack allowed ("" when the check is an inequality).    passed: the verdict.
+    tolerance: the slack allowed ("" when the check is an inequality).
+    passed: the verdict: True, False, or None when the claim was not measured (a unit it rests on failed
+        or is unhealthy); `reason` then says why.
     """
 
     statement: str
@@ -21,11 +23,27 @@ class Claim:
     expected: str
     measured: str
     tolerance: str
-    passed: bool
+    passed: bool | None
     id: str = ""
+    reason: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.passed)
+
+    def not_measured(self, reason: str) -> Claim:
+        """This claim with no verdict, because of `reason`."""
+        return Claim(
+            self.statement, self.reference, self.expected, self.measured, self.tolerance, None, self.id, reason
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def verdict(passed: bool | None) -> str:
+    """ "PASS", "FAIL" or "NOT MEASURED" for a claim's `passed`."""
+    return "NOT MEASURED" if passed is None else ("PASS" if passed else "FAIL")
 
 
 def fmt(value, digits: int = 4) -> str:

@@ -1,13 +1,15 @@
 """The ``featurelab`` command line: list, run, bench, report, analyze.
 
-A user's mistake (bad key, value, path, device) prints one line ``featurelab: error: ...`` and exits
-with status 2; never a stack trace.
+A user's mistake (bad key, value, path, device, damaged run folder) prints one line
+``featurelab: error: ...`` and exits with status 2; never a stack trace. A run that finished with failed
+or unhealthy units exits with status 1 and says so on its last line.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .errors import FeaturelabError
 
@@ -40,14 +42,20 @@ def _cmd_run(args) -> int:
         address=args.address,
         retries=args.retries,
     )
-    n_pass = sum(c["passed"] for c in record.claims)
+    from .claims import verdict
+
+    if record.already_finished:
+        print(f"run folder '{record.dir}' holds a finished run; nothing was changed")
+    n_pass = sum(c["passed"] is True for c in record.claims)
     for c in record.claims:
-        print(
-            f"  [{'PASS' if c['passed'] else 'FAIL'}] {c['statement']}  (measured {c['measured']}, "
-            f"expected {c['expected']})"
-        )
-    print(f"claims: {n_pass}/{len(record.claims)} pass")
+        why = f" [{c['reason']}]" if c.get("reason") else ""
+        print(f"  [{verdict(c['passed'])}] {c['statement']}  (measured {c['measured']}, expected {c['expected']}){why}")
+    n_none = sum(c["passed"] is None for c in record.claims)
+    print(f"claims: {n_pass}/{len(record.claims)} pass" + (f", {n_none} not measured" if n_none else ""))
     print(f"report: {record.report.resolve()}")
+    if record.problems:
+        print(f"featurelab: {record.problems}")
+        return 1
     return 0
 
 
@@ -66,9 +74,13 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_report(args) -> int:
+    from .runs.lock import RunLock
     from .runs.report import render_report
 
-    print(f"report: {render_report(args.run_dir).resolve()}")
+    if not Path(args.run_dir).is_dir():
+        raise FeaturelabError(f"run folder '{args.run_dir}' does not exist or is not a folder")
+    with RunLock(args.run_dir):
+        print(f"report: {render_report(args.run_dir).resolve()}")
     return 0
 
 

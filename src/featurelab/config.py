@@ -1,8 +1,10 @@
 """Validated configs: presets, ``--set key=value`` overrides and one-line errors.
 
 Every config (each experiment's, and the trainer's `Phase` and `TrainConfig`) is a `Validated` pydantic
-model with ``extra="forbid"``, so a wrong key, type or range becomes a one-line `FeaturelabError` naming
-the field, the value and what is allowed, from the CLI and the Python API alike.
+model with ``extra="forbid"``, strict booleans and integers (``true`` is no width) and no NaN or inf
+floats, so a wrong key, type or range becomes a one-line `FeaturelabError` naming the field, the value
+and what is allowed, from the CLI and the Python API alike. Every integer field whose name ends in
+``seed`` (or list of them, ``seeds``) must lie in [0, 2**32).
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 import contextvars
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .errors import FeaturelabError
 
+SEED_LIMIT = 2**32  # numpy's and most generators' seed range
 _VALIDATING = contextvars.ContextVar("featurelab_validating", default=False)
 
 
@@ -35,7 +38,30 @@ class Validated(BaseModel):
     """A pydantic model whose every validation error (construction, `model_validate`, assignment) is a
     one-line `FeaturelabError` naming the field, the value and what is allowed; unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, values):
+        """``width: true`` is a mistake, not width 1 (pydantic would coerce it)."""
+        if isinstance(values, dict):
+            for name, value in values.items():
+                field = cls.model_fields.get(name)
+                if field is None or "bool" in str(field.annotation):
+                    continue
+                if any(isinstance(v, bool) for v in (value if isinstance(value, list) else [value])):
+                    raise ValueError(f"{name}={value!r} is not allowed: true/false is not a value of this field")
+        return values
+
+    @model_validator(mode="after")
+    def _seeds_in_range(self):
+        for name in type(self).model_fields:
+            if name.endswith("seed") or name.endswith("seeds"):
+                value = getattr(self, name)
+                for s in value if isinstance(value, (list, tuple)) else [value]:
+                    if isinstance(s, int) and not 0 <= s < SEED_LIMIT:
+                        raise ValueError(f"{name}={value!r} is not allowed: seeds must lie in [0, 2**32)")
+        return self
 
     def __init__(self, **values):
         _checked(type(self), type(self).__name__, lambda: super(Validated, self).__init__(**values))

@@ -1,11 +1,16 @@
-"""Atomic file writes and the small readers that go with them.
+"""Atomic file writes and the validating readers that go with them.
 
 Every file featurelab writes goes to a temporary name in the same folder first and is then renamed
-over the target, so an interrupted run never leaves a file that looks complete.
+over the target, so an interrupted run never leaves a file that looks complete. Every reader turns an
+unreadable, truncated or garbled file into a one-line `FeaturelabError` naming the file and the fix.
+A JSON file written with ``checksum=True`` carries the sha256 of its content (`digest`), checked on
+reading, so a result edited or damaged after it was written is never used.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import os
@@ -13,6 +18,8 @@ import tempfile
 from pathlib import Path
 
 import yaml
+
+from .errors import FeaturelabError
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
@@ -51,19 +58,76 @@ def jsonable(value):
     return value
 
 
-def write_json(path: str | Path, obj) -> None:
-    write_text(path, json.dumps(jsonable(obj), indent=2, sort_keys=False) + "\n")
+def digest(obj) -> str:
+    """sha256 (hex) of the canonical JSON text of `obj` (sorted keys, no spaces)."""
+    text = json.dumps(jsonable(obj), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def read_json(path: str | Path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+def write_json(path: str | Path, obj, *, checksum: bool = False) -> None:
+    """Write `obj` (a dict when `checksum`) as JSON; with `checksum` a ``"sha256"`` key holds `digest` of
+    the rest, which `read_json` checks."""
+    obj = jsonable(obj)
+    if checksum:
+        obj = {**obj, "sha256": digest(obj)}
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def _text(path: Path, fix: str) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise FeaturelabError(f"'{path}' is missing; {fix}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FeaturelabError(f"'{path}' cannot be read ({type(exc).__name__}); {fix}") from None
+
+
+def read_json(path: str | Path, *, checksum: bool = False, kind: type | None = None, fix: str = "restore or delete it"):
+    """The JSON content of `path`; a missing, unreadable or invalid file, content not of type `kind`, or
+    (with `checksum`) a missing or wrong ``"sha256"`` is a one-line error naming the file and `fix`."""
+    path = Path(path)
+    try:
+        obj = json.loads(_text(path, fix))
+    except json.JSONDecodeError as exc:
+        raise FeaturelabError(f"'{path}' is not valid JSON ({exc.msg} at line {exc.lineno}); {fix}") from None
+    if kind is not None and not isinstance(obj, kind):
+        raise FeaturelabError(f"'{path}' holds a {type(obj).__name__}, not a {kind.__name__}; {fix}")
+    if checksum:
+        if not isinstance(obj, dict) or obj.pop("sha256", None) != digest(obj):
+            raise FeaturelabError(
+                f"'{path}' fails its sha256 checksum (changed or damaged after it was written); {fix}"
+            )
+    return obj
 
 
 def write_yaml(path: str | Path, obj) -> None:
     write_text(path, yaml.safe_dump(jsonable(obj), sort_keys=False))
 
 
-def read_yaml(path: str | Path):
-    with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f)
+def read_yaml(path: str | Path, *, kind: type | None = None, fix: str = "restore or delete it"):
+    """The YAML content of `path`, checked like `read_json`."""
+    path = Path(path)
+    try:
+        obj = yaml.safe_load(_text(path, fix))
+    except yaml.YAMLError as exc:
+        reason = " ".join(str(getattr(exc, "problem", "") or "invalid YAML").split())
+        raise FeaturelabError(f"'{path}' is not valid YAML ({reason}); {fix}") from None
+    if kind is not None and not isinstance(obj, kind):
+        raise FeaturelabError(f"'{path}' holds a {type(obj).__name__}, not a {kind.__name__}; {fix}")
+    return obj
+
+
+def read_csv(path: str | Path, *, fix: str = "restore or delete it"):
+    """A pandas DataFrame of the CSV file `path` (an empty file gives an empty frame); a missing,
+    unreadable or garbled file is a one-line error naming the file and `fix`."""
+    import pandas as pd
+
+    path = Path(path)
+    text = _text(path, fix)
+    if not text.strip():
+        return pd.DataFrame()
+    try:
+        return pd.read_csv(io.StringIO(text))
+    except (ValueError, pd.errors.ParserError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise FeaturelabError(f"'{path}' is not a valid CSV table ({reason}); {fix}") from None

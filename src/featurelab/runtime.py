@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import platform
 import sys
 
@@ -31,6 +32,24 @@ def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A float64 copy of `model` on the CPU with parameter gradients off: where diagnostics run
     (docs/theory/conventions.md, "Diagnostics run in float64 on the stored parameters")."""
     return copy.deepcopy(model).cpu().to(torch.float64).requires_grad_(False)
+
+
+def machine_memory(device: str | torch.device = "cpu") -> int:
+    """Bytes of memory of `device`: the GPU's for a CUDA device, else the machine's RAM."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(what: str, n_bytes: float, device: str | torch.device = "cpu") -> None:
+    """A one-line error, with the estimate, when `what` would need more than `device`'s memory."""
+    total = machine_memory(device)
+    if n_bytes > total:
+        raise FeaturelabError(
+            f"{what} would need about {n_bytes / 2**30:.3g} GiB, more than the {total / 2**30:.3g} GiB of this "
+            "machine; choose smaller sizes"
+        )
 
 
 def set_threads(n: int) -> None:

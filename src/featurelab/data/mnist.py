@@ -43,14 +43,9 @@ def _find(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def mnist(path: str | Path | None = None, normalize: str = "standardize") -> Dataset:
-    """MNIST as a classification `Dataset` (X: N x 784 float64, Y: N int64 labels, 10 classes).
-
-    path: a folder with the four IDX files (``train-images-idx3-ubyte[.gz]`` ...) or an ``.npz`` with
-        arrays x_train, y_train, x_test, y_test; defaults to the FEATURELAB_MNIST environment variable.
-    normalize: "standardize" maps x -> (x/255 - μ)/σ with scalar μ, σ over all training pixels
-        (Part 4 §6, ≈ 0.1307, 0.3081); "unit" divides by 255.
-    """
+def mnist_path(path: str | Path | None = None) -> Path:
+    """The existing MNIST location `path` (default: the FEATURELAB_MNIST environment variable), or a
+    one-line error saying how to provide it."""
     raw = path if path is not None else os.environ.get(ENV_VAR)
     if raw is None:
         raise FeaturelabError(
@@ -62,6 +57,18 @@ def mnist(path: str | Path | None = None, normalize: str = "standardize") -> Dat
             f"mnist path '{p}' does not exist: put MNIST's IDX files (or an .npz) there; "
             "featurelab never downloads data"
         )
+    return p
+
+
+def mnist(path: str | Path | None = None, normalize: str = "standardize") -> Dataset:
+    """MNIST as a classification `Dataset` (X: N x 784 float64, Y: N int64 labels, 10 classes).
+
+    path: a folder with the four IDX files (``train-images-idx3-ubyte[.gz]`` ...) or an ``.npz`` with
+        arrays x_train, y_train, x_test, y_test; defaults to the FEATURELAB_MNIST environment variable.
+    normalize: "standardize" maps x -> (x/255 - μ)/σ with scalar μ, σ over all training pixels
+        (Part 4 §6, ≈ 0.1307, 0.3081); "unit" divides by 255.
+    """
+    p = mnist_path(path)
     if p.is_file():
         with np.load(p) as z:
             missing = [k for k in FILES if k not in z]

@@ -16,7 +16,7 @@ import math
 
 import pandas as pd
 import torch
-from pydantic import Field
+from pydantic import Field, PositiveInt
 
 from ..claims import claim
 from ..config import ExperimentConfig
@@ -34,13 +34,14 @@ from ..measurements.alignment import (
 from ..measurements.ranks import stable_rank
 from ..models import MLP
 from ..training import Phase, TrainConfig, train
+from ..training.health import training_health
 from .base import Analysis, Experiment
 
 REF = "docs/theory/invariances.md §6b; Le & Jegelka (ICLR 2022) Theorem 2 (15), Corollary 1"
 
 
 class Config(ExperimentConfig):
-    widths: list[int] = Field([32, 32, 16, 16], min_length=2)
+    widths: list[PositiveInt] = Field([32, 32, 16, 16], min_length=2)
     linear_tail: int = Field(3, ge=1)
     init_scale: float = Field(0.2, gt=0)
     lr: float = Field(0.2, gt=0)
@@ -133,6 +134,7 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         "g": unit.get("g", "relu"),
         "risk_condition_step": int(hist["step"][below[0]]) if len(below) else None,
         "seconds": result.seconds,
+        "unhealthy": training_health(model, data, "logistic"),
     }
 
 

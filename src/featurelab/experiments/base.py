@@ -6,7 +6,10 @@ Units are what the sweep mechanism distributes across worker processes and skips
 A unit is run either by `run_unit(cfg, unit, ctx) -> dict`, or, for units that are one training run,
 by the pair `build(cfg, unit) -> TrainingUnit` and `finish(cfg, unit, model, train_result, ctx) -> dict`:
 the sweep then trains the model itself, which lets it train same-shape units as one batched ensemble.
-Results are JSON-able dicts.
+Results are JSON-able dicts. A result with a non-empty ``"unhealthy"`` entry (a reason) rests on a
+trivial solution (a diverged, collapsed or chance-level network): the runner then reports every claim
+as "not measured". Units trained through `build` get it from
+`featurelab.training.health.training_health`; `run_unit` experiments set it themselves.
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ class Experiment:
     run_unit: Callable[[ExperimentConfig, dict, UnitContext], dict] | None = None
     build: Callable[[ExperimentConfig, dict], TrainingUnit] | None = None
     finish: Callable[..., dict] | None = None
+    check: Callable[[ExperimentConfig], None] | None = None
+    """Pre-flight checks beyond the config's field types, run before anything is written: data paths
+    that must exist, memory estimates (`featurelab.runtime.check_memory`); each failure one line."""
 
     def __post_init__(self):
         if (self.run_unit is None) == (self.build is None or self.finish is None):
@@ -97,4 +103,15 @@ class Experiment:
             callbacks=job.callbacks,
             progress=ctx.progress,
         )
-        return self.finish(cfg, unit, job.model, result, ctx)
+        return with_health(self.finish(cfg, unit, job.model, result, ctx), job)
+
+
+def with_health(result: dict, job: TrainingUnit) -> dict:
+    """`result` with ``"unhealthy"`` set to `training_health`'s reason when the trained `job` is unhealthy
+    (a reason the experiment gave itself is kept)."""
+    from ..training.health import training_health
+
+    if result.get("unhealthy"):
+        return result
+    reason = training_health(job.model, job.data, getattr(job.config, "objective", "mse"))
+    return {**result, "unhealthy": reason} if reason else result

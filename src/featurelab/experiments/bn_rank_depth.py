@@ -24,7 +24,7 @@ import statistics
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import Field
+from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from ..claims import claim
 from ..config import ExperimentConfig
@@ -58,9 +58,9 @@ class Config(ExperimentConfig):
     n_test: int = Field(200, ge=1)
     hidden: int = Field(100, ge=1)
     width: int = Field(64, ge=3)
-    depths: list[int] = Field([4, 6, 9, 12], min_length=1)
+    depths: list[PositiveInt] = Field([4, 6, 9, 12], min_length=1)
     seeds: list[int] = Field([0, 1], min_length=1)
-    lams: list[float] = Field([1e-2], min_length=1)
+    lams: list[NonNegativeFloat] = Field([1e-2], min_length=1)
     steps: int = Field(6000, ge=1)
     lr: float = Field(3e-3, gt=0)
     lr_min: float = Field(3e-6, ge=0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pandas as pd
 import torch
-from pydantic import Field
+from pydantic import Field, PositiveInt
 
 from ..claims import claim
 from ..config import ExperimentConfig
@@ -38,11 +38,11 @@ from .width_plateau import adam_then_gd, shrink
 
 
 class Config(ExperimentConfig):
-    construction_sizes: list[int] = Field([4, 6, 8], min_length=1)
-    onehot_sizes: list[int] = Field([3, 5, 2], min_length=1)
+    construction_sizes: list[PositiveInt] = Field([4, 6, 8], min_length=1)
+    onehot_sizes: list[PositiveInt] = Field([3, 5, 2], min_length=1)
     N: int = Field(6, ge=2)
     lam: float = Field(1e-2, gt=0)
-    widths: list[int] = Field([4, 6, 8, 9, 12], min_length=1)
+    widths: list[PositiveInt] = Field([4, 6, 8, 9, 12], min_length=1)
     trials: int = Field(2, ge=1)
     adam_steps: int = Field(3000, ge=1)
     adam_lr: float = Field(1e-2, gt=0)

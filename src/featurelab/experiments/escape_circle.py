@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import Field, PositiveInt
 
 from ..claims import claim, fmt
 from ..config import ExperimentConfig
@@ -36,6 +36,7 @@ from ..measurements.ranks import numerical_rank
 from .base import Analysis, Experiment
 
 RANK_ONE_SPEED = math.sqrt(2) - 1
+DEAD_SPEED = 1e-9  # a best escape speed at or below this: every searched network is dead (no escape measured)
 REFERENCE_FRACTIONS = {2: 0.00, 4: 0.02, 8: 0.30, 16: 0.78, 32: 0.92, 64: 0.98, 128: 1.00}  # Part 4 §5, seed 1
 REF = "docs/theory/saddle-to-saddle.md §5; Bantzis, Simon, Jacot Example 1 / Fig. 2"
 
@@ -43,11 +44,11 @@ REF = "docs/theory/saddle-to-saddle.md §5; Bantzis, Simon, Jacot Example 1 / Fi
 class Config(ExperimentConfig):
     n_points: int = Field(8, ge=2)
     depth: int = Field(3, ge=2)
-    widths: list[int] = Field([2, 4, 8, 16, 32, 64], min_length=1)
+    widths: list[PositiveInt] = Field([2, 4, 8, 16, 32, 64], min_length=1)
     restarts: int = Field(20, ge=1)
     steps: int = Field(4000, ge=1)
     lr: float = Field(0.05, gt=0)
-    rank_one_widths: list[int] = Field([4, 8, 32])
+    rank_one_widths: list[PositiveInt] = Field([4, 8, 32])
     rank_one_restarts: int = Field(20, ge=1)
     rank_one_steps: int = Field(3000, ge=1)
     phi_points: int = Field(8 * 900 + 1, ge=9)
@@ -104,6 +105,7 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         lr=None if rank_one else cfg.lr,
     )
     speed, best = res.best()
+    dead = not speed > DEAD_SPEED  # every restart ended with a network whose output no longer moves
     diag = layer_diagnostics(best, X)
     act = forward(best, X)[1]
     every = max(1, (cfg.rank_one_steps if rank_one else cfg.steps) // cfg.trace_points)
@@ -122,6 +124,7 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         "best_rank_W": [numerical_rank(W, 1e-6) for W in best],
         "best_rank_Zsigma": [numerical_rank(a, 1e-6) for a in act],
         "best_diagnostics": {k: diag[k] for k in ("r_W", "r_Z", "lin", "s2_s1")},
+        "unhealthy": f"collapsed: every net dead (best escape speed {speed:.3g})" if dead else "",
     }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import Field
+from pydantic import Field, PositiveFloat
 
 from ..claims import claim
 from ..config import ExperimentConfig
@@ -33,7 +33,7 @@ REF = "docs/theory/invariances.md §6a; Le & Jegelka (ICLR 2022) Lemmas 2-3, The
 
 
 class Config(ExperimentConfig):
-    etas: list[float] = Field([0.08, 0.04, 0.02, 0.01], min_length=2)
+    etas: list[PositiveFloat] = Field([0.08, 0.04, 0.02, 0.01], min_length=2)
     tau: float = Field(50.0, gt=0)
     init_scale: float = Field(1.0, gt=0)
     n_train: int = Field(200, ge=2)

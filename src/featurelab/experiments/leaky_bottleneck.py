@@ -15,20 +15,22 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
 from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import bottleneck_teacher
 from ..figures import plt
+from ..io import read_csv
 from ..measurements import effective_rank, singular_values
 from ..models import LeakyResNet
+from ..runtime import check_memory
 from ..training import Phase, TrainConfig
 from .base import Analysis, Experiment, TrainingUnit
 
 
 class Config(ExperimentConfig):
-    teacher_dims: list[int] = Field([10, 3, 10], min_length=3)
+    teacher_dims: list[PositiveInt] = Field([10, 3, 10], min_length=3)
     teacher_kind: Literal["fcnn", "resnet"] = "fcnn"
     teacher_hidden: int = Field(64, ge=1)
     n_train: int = Field(256, ge=2)
@@ -110,6 +112,14 @@ def middle_half(L: int) -> list[int]:
 def mid_half_share(ranks: list[int], k: int) -> float:
     """Share of the middle-half layers whose effective rank is k* or k*+1 (Part 1 §5.4 Q4); ranks[l-1] is W_l's."""
     return float(np.mean([ranks[l - 1] in (k, k + 1) for l in middle_half(len(ranks))]))
+
+
+def check(cfg: Config) -> None:
+    """Memory: the L x w x (w+1) weights with gradients and Adam moments, and the N x w hidden
+    representation of every layer kept for the backward pass."""
+    itemsize = 4 if cfg.dtype == "float32" else 8
+    n_bytes = itemsize * cfg.depth * cfg.width * (4 * (cfg.width + 1) + 2 * (cfg.n_train + cfg.n_test))
+    check_memory(f"a Leaky ResNet of depth={cfg.depth}, width={cfg.width}", n_bytes)
 
 
 def make_data(cfg: Config):
@@ -213,7 +223,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ax.legend(loc="upper right")
     figures = {"bottleneck_spectra": fig}
 
-    hist = pd.read_csv(ctx.dir / "units" / uid / "history.csv")
+    hist = read_csv(ctx.dir / "units" / uid / "history.csv", fix="delete that unit folder and run again with --resume")
     fig2, ax2 = plt.subplots(figsize=(6.5, 4))
     for col in ("loss", "cost", "penalty", "test_cost"):
         if col in hist:
@@ -255,6 +265,7 @@ EXPERIMENT = Experiment(
     config=Config,
     presets=PRESETS,
     units=units,
+    check=check,
     build=build,
     finish=finish,
     analyze=analyze,

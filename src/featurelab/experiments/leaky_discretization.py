@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt, model_validator
 from sklearn.decomposition import PCA
 
 from ..claims import claim
@@ -31,13 +31,13 @@ SCHEMES = ("equidistant", "irregular", "adaptive")
 
 
 class Config(lb.Config):
-    teacher_dims: list[int] = Field([30, 6, 3, 30], min_length=3)
+    teacher_dims: list[PositiveInt] = Field([30, 6, 3, 30], min_length=3)
     teacher_kind: Literal["fcnn", "resnet"] = "resnet"
     n_train: int = Field(512, ge=2)
     n_test: int = Field(512, ge=0)
     width: int = Field(32, ge=1)
     depth: int | None = Field(None, description="set per unit from depths")
-    depths: list[int] = Field([4, 8, 16], min_length=2)
+    depths: list[PositiveInt] = Field([4, 8, 16], min_length=2)
     effective_depth: float = Field(3.0, gt=0)
     steps: Literal["equidistant", "irregular", "adaptive"] | None = Field(None, description="set per unit")
     schemes: list[Literal["equidistant", "irregular", "adaptive"]] = Field(list(SCHEMES), min_length=1)

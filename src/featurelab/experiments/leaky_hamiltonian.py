@@ -16,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveFloat, model_validator
 from scipy.stats import spearmanr
 
 from ..claims import claim, fmt
@@ -33,8 +33,8 @@ LARGE = 5.0  # "L̃ >= 5" of Q5 and Q7 (Part 1 §5.4)
 
 class Config(lb.Config):
     effective_depth: float | None = Field(None, description="set per unit from effective_depths")
-    effective_depths: list[float] = Field([2.0, 5.0, 8.0], min_length=3)
-    profile_depths: list[float] = Field([2.0, 5.0, 8.0], min_length=1, max_length=3)
+    effective_depths: list[PositiveFloat] = Field([2.0, 5.0, 8.0], min_length=3)
+    profile_depths: list[PositiveFloat] = Field([2.0, 5.0, 8.0], min_length=1, max_length=3)
     lbfgs_steps: int = Field(0, ge=0)
     lbfgs_lr: float = Field(1.0, gt=0)
     gamma0: float = Field(1e-3, ge=0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 import torch
-from pydantic import Field
+from pydantic import Field, PositiveFloat
 
 from ..claims import claim
 from ..config import ExperimentConfig
@@ -30,7 +30,7 @@ BLOCKS = ("AA", "BB", "AB", "diag")
 
 
 class Config(ExperimentConfig):
-    etas: list[float] = Field([0.1, 0.05, 0.025], min_length=2)
+    etas: list[PositiveFloat] = Field([0.1, 0.05, 0.025], min_length=2)
     tau: float = Field(100.0, gt=0)
     width: int = Field(32, ge=2)
     n_linear: int = Field(8, ge=1)
@@ -161,8 +161,9 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     halving, spread = [], []
     for _, g in table.groupby("seed"):
         g = g.set_index("eta")
+        ran = [e for e in etas if e in g.index]  # a failed (diverged) unit leaves its η out
         for c in blocks("AA") + blocks("diag"):
-            halving += [float(g.loc[e1, c] / g.loc[e2, c]) for e1, e2 in zip(etas[:-1], etas[1:])]
+            halving += [float(g.loc[e1, c] / g.loc[e2, c]) for e1, e2 in zip(ran[:-1], ran[1:])]
         for c in blocks("BB") + blocks("AB"):
             spread.append(float((g[c].max() - g[c].min()) / g[c].max()))
     at_min = table[table.eta == etas[0]]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import Field
+from pydantic import Field, NonNegativeFloat, PositiveInt
 from scipy.stats import ortho_group
 from sklearn.linear_model import LinearRegression
 from sklearn.pipeline import make_pipeline
@@ -45,8 +45,8 @@ class Config(ExperimentConfig):
     n_train: int = Field(512, ge=2)
     n_test: int = Field(512, ge=16)
     width: int = Field(64, ge=3)
-    depths: list[int] = Field([8], min_length=1)
-    lams: list[float] = Field([3e-3], min_length=1)
+    depths: list[PositiveInt] = Field([8], min_length=1)
+    lams: list[NonNegativeFloat] = Field([3e-3], min_length=1)
     steps: int = Field(8000, ge=1)
     lr: float = Field(3e-3, gt=0)
     lr_min: float = Field(3e-6, ge=0)

@@ -24,11 +24,12 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import Dataset, digits, mnist
+from ..data.mnist import mnist_path
 from ..figures import plt
 from ..measurements.representations import regularized_loss
 from ..measurements.sparsity import caratheodory_reduce, cp_rank_bounds, merge_aligned_neurons, output_gram_root
@@ -46,7 +47,7 @@ class Sweep(BaseModel):
     """One dataset's width sweep (Part 3 §5d)."""
 
     model_config = ConfigDict(extra="forbid")
-    widths: list[int] = Field(min_length=1)
+    widths: list[PositiveInt] = Field(min_length=1)
     trials: int = Field(2, ge=1)
     depth: int = Field(3, ge=2)
     bias: float = Field(1.0, ge=0)
@@ -139,6 +140,12 @@ def make_data(cfg: Config, dataset: str) -> Dataset:
     if dataset == "teacher":
         return teacher_data(cfg)
     return mnist(cfg.mnist_path or os.environ.get("FEATURELAB_MNIST"))
+
+
+def check(cfg: Config) -> None:
+    """The MNIST files must exist before any unit runs."""
+    if "mnist" in cfg.datasets:
+        mnist_path(cfg.mnist_path or os.environ.get("FEATURELAB_MNIST"))
 
 
 def units(cfg: Config) -> list[dict]:
@@ -426,6 +433,7 @@ EXPERIMENT = Experiment(
     config=Config,
     presets=PRESETS,
     units=units,
+    check=check,
     build=build,
     finish=finish,
     analyze=analyze,

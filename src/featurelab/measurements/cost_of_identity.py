@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import as_matrix, non_negative, one_of
+from ..checks import as_matrix, non_negative, nonempty, one_of
+from ..errors import FeaturelabError
 
 GAMMA_MODES = ("relative", "absolute")
 METHODS = ("auto", "cholesky", "woodbury")
 RCOND = 1e-10  # explicit rcond of the γ = 0 least-squares path (§3.4)
+SAFE_SCALE = (1e-100, 1e100)  # largest |A_ij| with which the kernel σ(A)σ(A)ᵀ stays inside float64's range
 OUTSIDE_IMAGE_TOL = 1e-8  # ‖σ(A)Z - A‖ > tol·‖A‖ means A is outside the image: COI = inf (§3.4)
 
 
@@ -135,9 +137,23 @@ def cost_of_identity(
     matrices only.
     gamma > 0: the γ-stable ``COI_γ(A) = Tr[Aᵀ (K+γI)⁻¹ A]`` with γ = gamma·‖K‖_op ("relative", default,
     docs/theory/leaky-resnets.md §6.3) or γ = gamma ("absolute"); method: see `kernel_metric`.
+
+    Without the bias column COI is scale-invariant, ``COI(cA) = COI(A)`` (and ``COI_γ`` with relative γ;
+    absolute γ becomes γ/c²), so A is divided by its largest entry when the kernel's entries would
+    over- or underflow float64; with ``bias=True`` such an A is a one-line error.
     """
+    A = nonempty("A", as_matrix("A", A))
+    scale = float(A.abs().max())
+    if scale > 0 and not SAFE_SCALE[0] <= scale <= SAFE_SCALE[1]:
+        if bias:
+            raise FeaturelabError(
+                f"A has entries of size {scale:.3g}, where σ(A)σ(A)ᵀ over- or underflows float64, and with "
+                "bias=True COI is not scale-invariant; rescale A (or use bias=False)"
+            )
+        A = A / scale
+        if gamma_mode == "absolute":
+            gamma = gamma / scale / scale
     metric = kernel_metric(A, bias, gamma, gamma_mode, method)
-    A = as_matrix("A", A)
     Z = metric.whiten(A)
     if metric.method == "pinv" and not projected:
         if torch.linalg.norm(metric.S @ Z - A) > OUTSIDE_IMAGE_TOL * torch.linalg.norm(A):

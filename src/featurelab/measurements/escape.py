@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import as_matrix, int_at_least, non_negative, positive
+from ..checks import as_matrix, int_at_least, non_negative, nonempty, positive
 from ..errors import FeaturelabError
 from .ranks import singular_values, stable_rank
 
@@ -234,7 +234,7 @@ def find_escape_directions(
     width is then ignored. tail: the window (steps) of the convergence flag.
     Returns an `EscapeSearch` (speeds, weights on the sphere, per-step trace, convergence flags).
     """
-    X = as_matrix("X", X)
+    X = nonempty("X", as_matrix("X", X))
     X, G = as_data(X, G)
     int_at_least("depth", depth, 2)
     int_at_least("restarts", restarts, 1)

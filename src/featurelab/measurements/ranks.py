@@ -24,11 +24,14 @@ def _zero(s: torch.Tensor) -> bool:
 
 
 def _stable(s: torch.Tensor) -> float:
-    return 0.0 if _zero(s) else float((s**2).sum() / s[0] ** 2)
+    return 0.0 if _zero(s) else float(((s / s[0]) ** 2).sum())  # s/s_1: no overflow of s²
 
 
 def _nuclear(s: torch.Tensor) -> float:
-    return 0.0 if _zero(s) else float(s.sum() ** 2 / (s**2).sum())
+    if _zero(s):
+        return 0.0
+    s = s / s[0]  # scale-invariant; avoids overflow of s²
+    return float(s.sum() ** 2 / (s**2).sum())
 
 
 def _count(s: torch.Tensor, rel: float) -> int:

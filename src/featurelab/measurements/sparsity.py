@@ -14,7 +14,7 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
-from ..checks import int_at_least, positive
+from ..checks import int_at_least, nonempty, positive
 from ..errors import FeaturelabError
 from ..models.convert import as_mlp
 from ..models.mlp import MLP, mlp_with_weights
@@ -200,6 +200,7 @@ def caratheodory_reduce(model: MLP, X, rtol: float = NULL_RTOL) -> tuple[MLP, pd
     """
     model = as_mlp(model)
     X, _ = check_inputs(model, X, homogeneous=True)
+    nonempty("X", X)
     positive("rtol", rtol)
     lay = layers(model, X)
     W, ref = list(lay.weights), lay.pre[-1]

@@ -18,6 +18,7 @@ local Ray instance is started. If Ray is already initialised in this process, th
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from tqdm.auto import tqdm
 from ..errors import FeaturelabError
 from ..io import write_bytes
 from .work import UnitOutcome, WorkItem, execute
+
+CONNECT_TIMEOUT = 10.0  # seconds to wait for a Ray cluster's head to accept a connection
 
 
 def _ray():
@@ -36,22 +39,56 @@ def _ray():
     return ray
 
 
+def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """A one-line error unless something accepts TCP connections at `address` (``HOST:PORT``, or
+    ``ray://HOST:PORT``) within `timeout` seconds; "auto" and "local" are not probed."""
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise FeaturelabError(f"address={address!r} is not allowed: give HOST:PORT of the Ray cluster's head")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        cause = exc.strerror or type(exc).__name__
+        raise FeaturelabError(
+            f"could not connect to the Ray cluster at {address} within {timeout:g} s ({cause}); "
+            "start it (`ray start --head`) or check the address"
+        ) from None
+
+
+def reachable(address: str | None = None) -> None:
+    """A one-line error unless Ray is installed and the cluster at `address` (or ``RAY_ADDRESS``; none:
+    a local instance) accepts connections: checked before a run folder is written."""
+    _ray()
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is not None and not _ray().is_initialized():
+        probe(address)
+
+
 def connect(address: str | None = None):
     """The `ray` module, initialised: an existing connection, else `address`, ``RAY_ADDRESS``, or a new
-    local instance."""
+    local instance. A cluster address is probed first, so a dead address fails in seconds, not minutes."""
     ray = _ray()
     if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if address is not None:
+            probe(address)
         try:
             ray.init(
-                address=address or os.environ.get("RAY_ADDRESS") or None,
+                address=address,
                 log_to_driver=False,
                 include_dashboard=False,
                 configure_logging=False,
             )
         except Exception as exc:
+            text = " ".join(str(exc).split())
+            auth = (
+                " (authentication failed: check RAY_AUTH_TOKEN / the cluster's token)" if "auth" in text.lower() else ""
+            )
             raise FeaturelabError(
-                f"could not connect to a Ray cluster at address={address or os.environ.get('RAY_ADDRESS')!r}: "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                f"could not connect to a Ray cluster at address={address!r}{auth}: {type(exc).__name__}: {text[:300]}"
             ) from None
     return ray
 

@@ -8,10 +8,9 @@ import html
 import json
 from pathlib import Path
 
-import pandas as pd
-
+from ..claims import verdict
 from ..errors import FeaturelabError
-from ..io import read_json, write_text
+from ..io import read_csv, read_json, read_yaml, write_text
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -20,6 +19,7 @@ table{border-collapse:collapse;font-size:.9em;margin:.6em 0}
 td,th{border:1px solid #ccc;padding:.3em .5em;vertical-align:top}
 th{background:#f4f4f4}tr.pass td.verdict{background:#dff5df;color:#145214;font-weight:bold}
 tr.fail td.verdict{background:#fbdcdc;color:#8a1010;font-weight:bold}
+tr.unmeasured td.verdict{background:#eee;color:#555;font-weight:bold}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
 pre{background:#f7f7f7;padding:.8em;overflow:auto;font-size:.85em}.summary{font-size:1.1em}
 """
@@ -36,13 +36,31 @@ def _claims_table(claims: list[dict]) -> str:
     head = f"<tr>{head}</tr>"
     rows = []
     for i, c in enumerate(claims, 1):
-        cls = "pass" if c["passed"] else "fail"
+        cls = "unmeasured" if c["passed"] is None else ("pass" if c["passed"] else "fail")
+        why = f"<br><small>{_esc(c['reason'])}</small>" if c.get("reason") else ""
         rows.append(
             f"<tr class='{cls}'><td>{i}</td><td>{_esc(c['statement'])}</td><td>{_esc(c['reference'])}</td>"
             f"<td>{_esc(c['expected'])}</td><td>{_esc(c['measured'])}</td><td>{_esc(c['tolerance'])}</td>"
-            f"<td class='verdict'>{'PASS' if c['passed'] else 'FAIL'}</td></tr>"
+            f"<td class='verdict'>{verdict(c['passed'])}{why}</td></tr>"
         )
     return f"<table>{head}{''.join(rows)}</table>"
+
+
+CLAIM_KEYS = ("statement", "reference", "expected", "measured", "tolerance", "passed")
+FIX = "rebuild the run with `featurelab run EXP --out NEWDIR`"
+
+
+def check_claims(run: Path) -> list[dict]:
+    """The claims of run folder `run` (``claims.json``), each checked to have the keys of a `Claim` and a
+    verdict (true, false or null); a missing or malformed file is a one-line error naming it."""
+    path = run / "claims.json"
+    claims = read_json(path, kind=list, fix=FIX)
+    for i, c in enumerate(claims):
+        missing = [k for k in CLAIM_KEYS if not isinstance(c, dict) or k not in c]
+        if missing or c["passed"] not in (True, False, None):
+            what = f"lacks {', '.join(missing)}" if missing else f"has passed={c['passed']!r}"
+            raise FeaturelabError(f"'{path}': claim {i + 1} {what}; {FIX}")
+    return claims
 
 
 def page_head(title: str) -> str:
@@ -75,41 +93,51 @@ def figures_html(folder: Path) -> list[str]:
 def tables_html(folder: Path) -> list[str]:
     """Every ``folder/tables/*.csv`` as an HTML table (4 significant digits)."""
     tables = sorted((folder / "tables").glob("*.csv")) if (folder / "tables").exists() else []
-    return [
-        f"<h2>Table: {_esc(t.stem)}</h2>"
-        + pd.read_csv(t).to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
-        for t in tables
-    ]
+    return [f"<h2>Table: {_esc(t.stem)}</h2>" + _table_body(read_csv(t, fix=FIX)) for t in tables]
 
 
-def render_report(run_dir: str | Path) -> Path:
-    """Write ``run_dir/report.html`` from the run's files and return its path."""
+def _table_body(df) -> str:
+    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0) if len(df.columns) else "(empty)"
+
+
+def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
+    """Write ``run_dir/report.html`` from the run's files and return its path; `results` is the run
+    record (default: the folder's ``results.json``). Every file read is checked (one-line errors)."""
     run = Path(run_dir)
-    if not (run / "results.json").exists():
-        raise FeaturelabError(
-            f"run folder '{run}' has no results.json: it is not a finished featurelab run "
-            "(finish it with `featurelab run EXP --out DIR --resume`)"
-        )
-    results = read_json(run / "results.json")
-    claims = read_json(run / "claims.json") if (run / "claims.json").exists() else []
-    config_text = (run / "config.yaml").read_text() if (run / "config.yaml").exists() else ""
-    n_pass = sum(c["passed"] for c in claims)
+    if results is None:
+        if not (run / "results.json").exists():
+            raise FeaturelabError(
+                f"run folder '{run}' has no results.json: it is not a finished featurelab run "
+                "(finish it with `featurelab run EXP --out DIR --resume`)"
+            )
+        results = read_json(run / "results.json", kind=dict, fix=FIX)
+        for key in ("experiment", "preset"):
+            if not isinstance(results.get(key), str):
+                raise FeaturelabError(f"'{run / 'results.json'}' lacks {key!r}; {FIX}")
+    claims = check_claims(run)
+    config_text = yaml_text(run / "config.yaml")
+    n_pass = sum(c["passed"] is True for c in claims)
+    n_none = sum(c["passed"] is None for c in claims)
+    unmeasured = f" {n_none} not measured." if n_none else ""
+    unhealthy = results.get("unhealthy", {})
     parts = [
         page_head(results["experiment"]),
         f"<h1>{_esc(results['experiment'])} <small>({_esc(results['preset'])})</small></h1>",
         f"<p>{_esc(results.get('summary_text', ''))}</p><p><b>Reference:</b> {_esc(results.get('reference', ''))}</p>",
-        f"<p class='summary'><b>Claims: {n_pass} of {len(claims)} pass.</b> "
+        f"<p class='summary'><b>Claims: {n_pass} of {len(claims)} pass.{unmeasured}</b> "
         f"Device {_esc(results.get('device'))}; {results.get('n_units', 0)} runs "
-        f"({len(results.get('failed', {}))} failed); wall time {results.get('seconds', 0):.1f} s.</p>",
+        f"({len(results.get('failed', {}))} failed, {len(unhealthy)} unhealthy); "
+        f"wall time {results.get('seconds', 0):.1f} s.</p>",
         "<h2>Claims</h2>",
         _claims_table(claims),
     ]
-    if results.get("failed"):
-        parts.append(
-            "<h2>Failed runs</h2><ul>"
-            + "".join(f"<li><code>{_esc(k)}</code>: {_esc(v)}</li>" for k, v in results["failed"].items())
-            + "</ul>"
-        )
+    for title, entries in (("Failed runs", results.get("failed")), ("Unhealthy runs", unhealthy)):
+        if entries:
+            parts.append(
+                f"<h2>{title}</h2><ul>"
+                + "".join(f"<li><code>{_esc(k)}</code>: {_esc(v)}</li>" for k, v in entries.items())
+                + "</ul>"
+            )
     if results.get("notes"):
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_esc(n)}</li>" for n in results["notes"]) + "</ul>")
     parts += figures_html(run) + tables_html(run)
@@ -128,6 +156,14 @@ def render_report(run_dir: str | Path) -> Path:
     path = run / "report.html"
     write_text(path, "\n".join(parts))
     return path
+
+
+def yaml_text(path: Path) -> str:
+    """The text of the run's ``config.yaml`` once it has parsed as a mapping ("" when absent)."""
+    if not path.exists():
+        return ""
+    read_yaml(path, kind=dict, fix=FIX)
+    return path.read_text(encoding="utf-8")
 
 
 def _pretty(obj) -> str:

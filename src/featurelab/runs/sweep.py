@@ -1,7 +1,8 @@
 """The sweep mechanism: run an experiment's independent units, batched, on workers, resumably.
 
 Each unit runs in ``<run>/units/<id>/`` and is finished when its ``result.json`` exists (written
-atomically, last). Finished units are skipped, so re-running with ``--resume`` only does what is
+atomically, last, with a sha256 checksum of its content and the config's digest, both checked when it
+is loaded). Finished units are skipped, so re-running with ``--resume`` only does what is
 left, whichever backend ran the rest. A unit that raises is recorded in ``error.txt`` and reported
 as failed; the sweep goes on.
 
@@ -21,7 +22,10 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -32,7 +36,7 @@ from tqdm.auto import tqdm
 from ..config import ExperimentConfig
 from ..errors import FeaturelabError
 from ..experiments.base import Experiment
-from ..io import read_json
+from ..io import digest, read_json
 from .work import UnitOutcome, WorkItem, execute, one_line
 
 BACKENDS = ("local", "ray")
@@ -51,6 +55,35 @@ class SweepOutcome:
     ensembles: list[int] = field(default_factory=list)
 
 
+def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """Initializer of the local backend's worker processes: they leave Ctrl-C to the parent (which stops
+    them) and exit as soon as the parent is gone, even when it was killed with SIGKILL (Linux: the
+    kernel's parent-death signal; elsewhere a thread that polls the parent's id every `interval` s)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="featurelab-watch-parent", daemon=True).start()
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the pool's queued work items and end its workers now (files are written atomically, so
+    what they leave is resumable)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        proc.terminate()
+
+
 def unit_dir(run_dir: Path, unit_id: str) -> Path:
     return Path(run_dir) / "units" / unit_id
 
@@ -63,10 +96,20 @@ def check_backend(backend: str, retries: int) -> None:
         raise FeaturelabError(f"retries={retries!r} is not allowed; it must be an integer >= 0")
 
 
-def finished(run_dir: Path, unit_id: str) -> dict | None:
-    """The stored result of a finished unit, or None."""
-    path = unit_dir(run_dir, unit_id) / "result.json"
-    return read_json(path)["result"] if path.exists() else None
+def finished(run_dir: Path, unit_id: str, cfg: ExperimentConfig) -> dict | None:
+    """The stored result of a finished unit, or None; a result that fails its checksum, is malformed or
+    was written for another config is a one-line error naming the file and the fix."""
+    folder = unit_dir(run_dir, unit_id)
+    path = folder / "result.json"
+    if not path.exists():
+        return None
+    fix = f"delete the folder '{folder}' and run again with --resume to redo this unit"
+    record = read_json(path, checksum=True, kind=dict, fix=fix)
+    if record.get("config") != digest(cfg.model_dump(mode="json")):
+        raise FeaturelabError(f"'{path}' was written for a different config than this run's; {fix}")
+    if not isinstance(record.get("result"), dict):
+        raise FeaturelabError(f"'{path}' holds no result; {fix}")
+    return record["result"]
 
 
 def plan(
@@ -132,7 +175,7 @@ def run_units(
     outcome = SweepOutcome()
     pending = []
     for unit in units:
-        done = finished(run_dir, unit["id"])
+        done = finished(run_dir, unit["id"], cfg)
         if done is not None:
             outcome.results[unit["id"]] = done
             outcome.skipped.append(unit["id"])
@@ -168,7 +211,8 @@ def run_units(
             record(execute(it, progress=show))
     else:
         ctx = get_context("spawn")  # fork after torch threads start is unsafe
-        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=watch_parent, initargs=(os.getpid(),))
+        try:
             futures = {pool.submit(execute, it): it for it in items}
             for fut in tqdm(as_completed(futures), total=len(futures), desc=exp.name, disable=not show, leave=False):
                 try:
@@ -180,6 +224,10 @@ def run_units(
                             for u in futures[fut].units
                         ]
                     )
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) or an error here: stop the workers at once
+            _stop(pool)
+            raise
+        pool.shutdown()
     # keep the units' order
     outcome.results = {u["id"]: outcome.results[u["id"]] for u in units if u["id"] in outcome.results}
     return outcome

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ExperimentConfig
-from ..experiments.base import Experiment, UnitContext
-from ..io import write_json, write_text
+from ..experiments.base import Experiment, UnitContext, with_health
+from ..io import digest, write_json, write_text
 from ..runtime import set_threads
 
 
@@ -53,6 +53,12 @@ class WorkItem:
         )
 
 
+def write_result(folder: Path, item: WorkItem, unit: dict, seconds: float, result: dict, **extra) -> None:
+    """Write the unit's ``result.json`` (last), with the config's `digest` and its own sha256 checksum."""
+    record = {"unit": unit, "seconds": seconds, **extra, "config": digest(item.config.model_dump(mode="json"))}
+    write_json(folder / "result.json", {**record, "result": result}, checksum=True)
+
+
 def one_line(exc: BaseException) -> str:
     """The first line of ``"Type: message"`` for an exception."""
     return (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
@@ -68,7 +74,7 @@ def execute_unit(item: WorkItem, unit: dict, folder: str, resume: bool, progress
     try:
         result = item.experiment.execute(item.config, unit, UnitContext(path, item.device, resume, progress))
         seconds = time.perf_counter() - t0
-        write_json(path / "result.json", {"unit": unit, "seconds": seconds, "result": result})
+        write_result(path, item, unit, seconds, result)
         return UnitOutcome(unit["id"], result, None, seconds)
     except Exception as exc:  # recorded, reported as failed, the sweep goes on
         write_text(path / "error.txt", traceback.format_exc())
@@ -108,10 +114,10 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
         try:
             if isinstance(res, Exception):
                 raise res
-            result = exp.finish(cfg, unit, job.model, res, UnitContext(path, item.device, False, progress))
-            write_json(
-                path / "result.json", {"unit": unit, "seconds": seconds, "ensemble": len(item.units), "result": result}
+            result = with_health(
+                exp.finish(cfg, unit, job.model, res, UnitContext(path, item.device, False, progress)), job
             )
+            write_result(path, item, unit, seconds, result, ensemble=len(item.units))
             out.append(UnitOutcome(unit["id"], result, None, seconds))
         except Exception as exc:
             write_text(path / "error.txt", traceback.format_exc())

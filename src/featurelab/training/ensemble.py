@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
-from ..io import write_text
+from ..io import digest, write_text
 from ..runtime import resolve_device
 from .checkpoint import save_checkpoint, save_model
 from .objectives import data_cost
@@ -327,6 +327,7 @@ def train_ensemble(
                 "capped_steps": int(capped[i]),
                 "dtype": str(stack.dtype).replace("torch.", ""),
                 "rho_history": getattr(m, "rho_history", []),
+                "config": digest(cfgs[i].model_dump(mode="json")),
             }
             save_checkpoint(dirs[i], m, opt, info)
 

@@ -12,11 +12,12 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pandas as pd
 import torch
 from pydantic import Field, model_validator
@@ -25,7 +26,7 @@ from tqdm.auto import tqdm
 from ..config import Validated
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
-from ..io import write_text
+from ..io import digest, write_text
 from ..runtime import resolve_device
 from .checkpoint import load_checkpoint, restore_optimizer, save_checkpoint, save_model
 from .objectives import data_cost, error_rate
@@ -179,6 +180,73 @@ def evaluate(model: torch.nn.Module, data: Dataset, config: TrainConfig) -> dict
     return row
 
 
+def check_training_inputs(model, data, objective: str) -> Dataset:
+    """One-line errors for what `train` cannot train: `model` not a module, `data` not a `Dataset`, X not
+    an ``N x d_in`` float matrix (N >= 1), Y without one row per sample (``N x d_out`` floats, ``N`` integer
+    labels in [0, d_out), ``N`` or ``N x 1`` ±1 for "logistic"), non-finite entries, or a model whose
+    input or output width does not fit. numpy arrays are taken as tensors; returns the checked data."""
+    if not isinstance(model, torch.nn.Module):
+        raise FeaturelabError(f"model={type(model).__name__} is not allowed: it must be a torch.nn.Module")
+    if not isinstance(data, Dataset):
+        raise FeaturelabError(f"data must be a featurelab.data.Dataset (rows are samples), got {type(data).__name__}")
+    parts = {}
+    for name in ("X_train", "Y_train", "X_test", "Y_test"):
+        value = getattr(data, name)
+        value = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+        if not isinstance(value, torch.Tensor):
+            raise FeaturelabError(f"data.{name} must be a tensor or numpy array, got {type(value).__name__}")
+        parts[name] = value
+    data = replace(data, **parts)
+    d_in = parts["X_train"].shape[-1] if parts["X_train"].ndim == 2 else None
+    for split in ("train", "test"):
+        X, Y = parts[f"X_{split}"], parts[f"Y_{split}"]
+        if split == "test" and X.numel() == 0 and len(Y) == 0:
+            continue
+        if X.ndim != 2 or not X.is_floating_point() or (split == "train" and len(X) == 0) or X.shape[1] != d_in:
+            raise FeaturelabError(
+                f"data.X_{split} must be an N x d_in float matrix (rows are samples, N >= 1, d_in = {d_in}), "
+                f"got shape {tuple(X.shape)} of {X.dtype}"
+            )
+        if len(Y) != len(X):
+            raise FeaturelabError(f"data.Y_{split} has {len(Y)} rows but data.X_{split} has {len(X)}; one per sample")
+        labels = Y.dtype in (torch.int32, torch.int64)
+        want = "N integer labels" if labels else ("N or N x 1 values ±1" if objective == "logistic" else "N x d_out")
+        if (labels and Y.ndim != 1) or (not labels and (not Y.is_floating_point() or Y.ndim not in (1, 2))):
+            raise FeaturelabError(f"data.Y_{split} must be {want}, got shape {tuple(Y.shape)} of {Y.dtype}")
+        if not labels and objective == "cross_entropy":
+            raise FeaturelabError("objective='cross_entropy' needs integer class labels in data.Y_train")
+        if not labels and objective == "mse" and Y.ndim != 2:
+            raise FeaturelabError(f"data.Y_{split} must be N x d_out for objective 'mse', got shape {tuple(Y.shape)}")
+        for name, t in ((f"X_{split}", X), (f"Y_{split}", Y)):
+            if t.is_floating_point() and not torch.isfinite(t).all():
+                raise FeaturelabError(f"data.{name} contains NaN or inf; all entries must be finite")
+    p = next(model.parameters(), None)
+    X = parts["X_train"][:2]
+    X = X.to(device=p.device, dtype=p.dtype) if p is not None else X
+    try:
+        with torch.no_grad():
+            out = model(X)
+    except Exception as exc:
+        raise FeaturelabError(
+            f"{type(model).__name__} cannot take data.X_train (d_in = {d_in}): {type(exc).__name__}: "
+            f"{(str(exc).splitlines() or [''])[0]}"
+        ) from None
+    Y = parts["Y_train"]
+    width = out.shape[1] if out.ndim == 2 else 1
+    if Y.dtype in (torch.int32, torch.int64):
+        if objective == "logistic" or int(Y.min()) < 0 or int(Y.max()) >= width:
+            raise FeaturelabError(
+                f"class labels of data.Y_train span [{int(Y.min())}, {int(Y.max())}]; the model has {width} outputs, "
+                f"so labels must lie in [0, {width - 1}]"
+                + (" (objective 'logistic' needs float ±1 targets)" if objective == "logistic" else "")
+            )
+    elif (objective == "logistic" and width != 1) or (objective == "mse" and Y.shape[1] != width):
+        raise FeaturelabError(
+            f"the model has {width} outputs but data.Y_train has {Y.shape[-1] if Y.ndim == 2 else 1} columns"
+        )
+    return data
+
+
 # ---------------------------------------------------------------------------------- train
 def train(
     model: torch.nn.Module,
@@ -210,6 +278,7 @@ def train(
             "convert a Linear/activation chain with featurelab.from_torch(model), or train with lam=0"
         )
     dev = resolve_device(device)
+    data = check_training_inputs(model, data, config.objective)
     model.to(dev)
     folder = Path(run_dir) if run_dir is not None else None
     t0 = time.perf_counter()
@@ -217,9 +286,15 @@ def train(
     start_step, done = 0, False
     state = {"lr_scale": 1.0, "capped": torch.zeros((), dtype=torch.int64, device=dev)}
     ckpt = load_checkpoint(folder) if (folder is not None and resume) else None
+    config_digest = digest(config.model_dump(mode="json"))
     if ckpt is not None:
         tensors, info = ckpt
-        if info.get("dtype"):
+        if info.get("config") != config_digest:
+            raise FeaturelabError(
+                f"'{folder / 'checkpoint.safetensors'}' was written by a training run with another config; "
+                "delete it to train this one afresh"
+            )
+        if info.get("dtype") and next(model.parameters()).dtype != getattr(torch, info["dtype"]):
             model.to(getattr(torch, info["dtype"]))
         model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         rows, start_step, done = info["history"], info["step"], info["done"]
@@ -255,6 +330,7 @@ def train(
             "capped_steps": int(state["capped"]),
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "rho_history": getattr(model, "rho_history", []),
+            "config": config_digest,
         }
         save_checkpoint(folder, model, optimizer, info)
 

@@ -1,0 +1,67 @@
+"""The lock of a run folder: one writer at a time.
+
+`RunLock` holds an OS file lock (``fcntl.flock``) on ``<run>/.lock`` while a process writes the
+folder, and records the holder's PID and start time there. A second writer gets a one-line
+`FeaturelabError` naming them. The OS releases the lock when its holder exits, however it dies, so a
+lock file left by a dead process is simply taken over (its stale PID is overwritten).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+from ..errors import FeaturelabError
+
+LOCK_NAME = ".lock"
+
+
+class RunLock:
+    """``with RunLock(run_dir):`` the folder is this process's until the block ends (the folder is
+    created if needed)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise FeaturelabError(
+                f"run folder '{self.path.parent}' is being written by {holder}; "
+                "wait for it to finish (then --resume) or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _holder(fd: int) -> str:
+    """'process PID (started TIME)' from the lock file, or a generic phrase while it is being written."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"process {int(info['pid'])} (started {info['started']})"
+    except (ValueError, KeyError, TypeError):
+        return "another process"
