@@ -307,6 +307,29 @@ def test_tracker_in_trainer_and_own_loop(data, tmp_path):
     assert (tmp_path / "report" / "tables" / "layers.csv").exists()
 
 
+def test_balance_drift_is_first_order_in_the_step(gen):
+    """q_i = ‖w_in‖² + b² − ‖w_out‖² of a biased, leaky-ReLU, 3-output net under gradient descent on the MSE
+    (λ = 0): a gradient-flow invariant, so its drift over a fixed time T is O(η): halving η halves it."""
+    torch.manual_seed(0)
+    X = torch.randn(20, 4, generator=gen, dtype=torch.float64)
+    Y = torch.randn(20, 3, generator=gen, dtype=torch.float64)
+    drifts = []
+    for eta in (0.02, 0.01):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 6), nn.LeakyReLU(0.1), nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)).double()
+        tracker = AnalysisTracker(every=round(1.0 / eta))
+        for _ in range(round(1.0 / eta) + 1):  # T = 1
+            tracker.step(net)
+            net.zero_grad()
+            ((net(X) - Y) ** 2).mean().backward()
+            with torch.no_grad():
+                for p in net.parameters():
+                    p -= eta * p.grad
+        drifts.append(tracker.balance_drift()["drift"].iloc[-1])
+    assert 0 < drifts[1] < 1e-2
+    assert drifts[0] / drifts[1] == pytest.approx(2.0, rel=0.1)
+
+
 FACTORY = """
 import torch
 from torch import nn

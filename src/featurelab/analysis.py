@@ -591,6 +591,22 @@ class AnalysisTracker:
         if "representation_bottleneck" in res.summary:
             row["min_rep_rank"] = res.summary["representation_bottleneck"]["effective_rank"]
 
+    def balance_drift(self) -> pd.DataFrame:
+        """Per recorded step: max over units of |q_i(t) − q_i(t_0)| / ‖θ(t_0)‖², q_i = ‖w_in,i‖² + b_i² − ‖w_out,i‖²
+        (every paired unit, biases and any number of outputs included), ‖θ‖² the weights' plus biases' squared
+        norm at the first record. q_i is invariant under gradient flow of an unregularized loss of a positively
+        homogeneous net (docs/analyze.md, Balancedness), so under gradient descent with step η the drift over a
+        fixed time is O(η) (each step changes q_i by η²(‖g_in,i‖² − ‖g_out,i‖²)); with λ‖θ‖² it decays as e^{−4λt}."""
+        if not self.results:
+            raise FeaturelabError("the tracker has recorded nothing yet: call step() or train with it first")
+        first = self.results[0]
+        scale = float(first.layers["frobenius_sq"].sum() + first.layers["bias_sq"].sum())
+        rows = []
+        for s, r in zip(self.steps, self.results):
+            drift = max((float(np.abs(r.balance[k] - v).max()) for k, v in first.balance.items()), default=np.nan)
+            rows.append({"step": s, "drift": drift / scale})
+        return pd.DataFrame(rows)
+
     def _stacked(self, attr: str) -> pd.DataFrame:
         frames = [getattr(r, attr).assign(step=s) for s, r in zip(self.steps, self.results)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
