@@ -24,6 +24,7 @@ Formulas (s_1 >= s_2 >= ... the singular values; docs/analyze.md states each wit
 from __future__ import annotations
 
 import copy
+import html
 import math
 import time
 from dataclasses import dataclass, field
@@ -107,7 +108,7 @@ class ModelAnalysis:
         return "\n".join(lines)
 
     def plot(self):
-        """The bottleneck picture: (a) the top singular values of each weight layer along depth (after
+        """The bottleneck picture: (a) every singular value of each weight layer along depth (after
         rebalancing when available, with the 0.1 threshold of k_mid); (b) the representation ranks along depth
         (when data was given). Returns the matplotlib Figure."""
         panels = 2 if len(self.representations) else 1
@@ -115,15 +116,15 @@ class ModelAnalysis:
         ax = axes[0, 0]
         spectra = self.rebalanced_spectra or self.spectra
         names = list(spectra)
-        for i in range(min(10, max((len(s) for s in spectra.values()), default=0))):
+        count = max(len(s) for s in spectra.values())
+        for i in range(count):  # s_i along depth, dark = large singular values
             ys = [s[i] if len(s) > i else np.nan for s in spectra.values()]
-            ax.plot(range(len(names)), ys, marker="o", ms=3, color=plt.cm.viridis(i / 10), label=f"s{i + 1}")
+            ax.plot(range(len(names)), ys, marker="o", ms=2, lw=0.8, color=plt.cm.viridis(i / max(count - 1, 1)))
         if self.rebalanced_spectra:
             ax.axhline(self.summary["bottleneck"]["threshold"], color="k", ls=":", lw=1)
         ax.set_yscale("log")
         ax.set_xticks(range(len(names)), names, rotation=60, fontsize=7)
         ax.set_title("weight spectra along depth" + (" (rebalanced)" if self.rebalanced_spectra else ""))
-        ax.legend(fontsize=6, ncol=2)
         if panels == 2:
             ax = axes[0, 1]
             reps = self.representations
@@ -147,9 +148,10 @@ class ModelAnalysis:
         save_figure(self.plot(), folder / "figures", "analysis")
         write_json(folder / "summary.json", self.summary)
         flat = {k: v for k, v in self.summary.items() if k != "notes"}
-        parts = [page_head(title), f"<h1>{title}</h1>", "<h2>Summary</h2>", mapping_table(flat)]
+        parts = [page_head(title), f"<h1>{html.escape(title)}</h1>", "<h2>Summary</h2>", mapping_table(flat)]
         if self.summary.get("notes"):
-            parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{n}</li>" for n in self.summary["notes"]) + "</ul>")
+            notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.summary["notes"])
+            parts.append(f"<h2>Notes</h2><ul>{notes}</ul>")
         parts += figures_html(folder) + tables_html(folder) + ["</body></html>"]
         path = folder / "report.html"
         write_text(path, "\n".join(parts))
@@ -233,7 +235,7 @@ def _forward(net: nn.Module, X: torch.Tensor) -> tuple[torch.Tensor, list, list[
         if _is_representation(m) and isinstance(output, torch.Tensor) and output.shape[:1] == X.shape[:1]:
             k = sum(r[0].split("#")[0] == name for r in reps)
             activation = type(m).__module__ == "torch.nn.modules.activation"
-            coi_input = pre.pop(m, None) if activation else output.detach()
+            coi_input = pre.pop(m, output).detach() if activation else output.detach()
             reps.append((f"{name}#{k + 1}" if k else name, type(m).__name__, coi_input, output.detach()))
 
     for m in net.modules():
@@ -284,6 +286,8 @@ def _fit(out: torch.Tensor, Y) -> dict:
         Y = Y.long().reshape(-1)
         pred = out.argmax(1) if out.ndim == 2 and out.shape[1] > 1 else (out.reshape(-1) > 0).long()
         return {"train_error": float((pred != Y).double().mean())}
+    if Y.numel() != out.numel():
+        raise FeaturelabError(f"Y has shape {tuple(Y.shape)} but the model's output has {tuple(out.shape)}")
     Y = Y.double().reshape(out.shape)
     return {"relative_mse": float(((out - Y) ** 2).sum() / ((Y - Y.mean(0)) ** 2).sum().clamp_min(1e-300))}
 
@@ -590,6 +594,22 @@ class AnalysisTracker:
         row["k_mid"] = res.summary["bottleneck"]["k_mid"] if res.summary["bottleneck"] else np.nan
         if "representation_bottleneck" in res.summary:
             row["min_rep_rank"] = res.summary["representation_bottleneck"]["effective_rank"]
+
+    def balance_drift(self) -> pd.DataFrame:
+        """Per recorded step: max over units of |q_i(t) − q_i(t_0)| / ‖θ(t_0)‖², q_i = ‖w_in,i‖² + b_i² − ‖w_out,i‖²
+        (every paired unit, biases and any number of outputs included), ‖θ‖² the weights' plus biases' squared
+        norm at the first record. q_i is invariant under gradient flow of an unregularized loss of a positively
+        homogeneous net (docs/analyze.md, Balancedness), so under gradient descent with step η the drift over a
+        fixed time is O(η) (each step changes q_i by η²(‖g_in,i‖² − ‖g_out,i‖²)); with λ‖θ‖² it decays as e^{−4λt}."""
+        if not self.results:
+            raise FeaturelabError("the tracker has recorded nothing yet: call step() or train with it first")
+        first = self.results[0]
+        scale = float(first.layers["frobenius_sq"].sum() + first.layers["bias_sq"].sum())
+        rows = []
+        for s, r in zip(self.steps, self.results):
+            drift = max((float(np.abs(r.balance[k] - v).max()) for k, v in first.balance.items()), default=np.nan)
+            rows.append({"step": s, "drift": drift / scale})
+        return pd.DataFrame(rows)
 
     def _stacked(self, attr: str) -> pd.DataFrame:
         frames = [getattr(r, attr).assign(step=s) for s, r in zip(self.steps, self.results)]

@@ -264,7 +264,9 @@ def bottleneck_rank(model, threshold: float = 0.1) -> BottleneckRank:
     """Bottleneck-rank estimate of a trained `MLP` from its middle-layer weight spectra (docs/theory/bottleneck-rank.md
     §4a): k_mid = median (lower) over ℓ in [L/4, 3L/4] of #{s_i(W_ℓ) > threshold}, absolute
     threshold (0.1 is the paper's believed value). Do not use the Jacobian rank for this: small
-    leftover singular directions hide in it."""
+    leftover singular directions hide in it. The count is not invariant under the function-preserving
+    rescaling of a unit (c in, 1/c out): `rebalance` first unless the net was trained to a critical point
+    of C + λ‖θ‖² (where every unit is balanced); `featurelab.analyze` does."""
     model = _check_mlp(model)
     positive("threshold", threshold)
     layers = middle_layers(model.depth)

@@ -101,7 +101,8 @@ def jacobian_ranks(model: torch.nn.Module, x, tol: float = 1e-3) -> torch.Tensor
 def ntk_trace(model: torch.nn.Module, x, include_frozen: bool = False) -> torch.Tensor:
     """Tr Θ(x, x) = Σ_o ‖∇_θ f_o(x)‖² for each sample (Part 2 §2.4, §3.8), by autograd over the
     parameters (`jacrev` of `functional_call`), float64. θ is the trainable parameters (requires_grad),
-    biases included; ``include_frozen=True`` counts the frozen ones too.
+    biases included; ``include_frozen=True`` counts the frozen ones too, and so does a model with no trainable
+    parameter at all (a frozen diagnostic copy, as `featurelab.runtime.float64_copy` makes).
 
     x: ``N x d_in`` (or ``N x c x ...`` images) -> length-N tensor; a 1-D x -> a 0-d tensor. Tr Θ / L = O(1)
     is the 'normal' scale; much larger values mean a narrow minimum. Cost: one reverse pass per output per
@@ -109,9 +110,9 @@ def ntk_trace(model: torch.nn.Module, x, include_frozen: bool = False) -> torch.
     """
     X, single = _inputs(x, model)
     state = _float64_state(model)
-    names = [k for k, p in model.named_parameters() if include_frozen or p.requires_grad]
-    if not names:
-        raise FeaturelabError("the model has no trainable parameters (requires_grad); pass include_frozen=True")
+    names = [k for k, p in model.named_parameters() if p.requires_grad]
+    if include_frozen or not names:
+        names = [k for k, _ in model.named_parameters()]
     params = {k: state[k] for k in names}
     rest = {k: v for k, v in state.items() if k not in params}
 
