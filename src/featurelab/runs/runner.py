@@ -143,6 +143,7 @@ def run_experiment(
                 len(units),
                 len(sweep.results),
                 len(sweep.results) == len(units),
+                id="sweep-complete",
             )
         )
     for fname, fig in analysis.figures.items():
