@@ -40,7 +40,7 @@ def test_run_folder_is_complete(tiny_run):
     results = json.loads((out / "results.json").read_text())
     assert results["claims_total"] == len(claims) and "torch" in results["versions"]
     html = (out / "report.html").read_text()
-    assert "data:image/png;base64," in html and "<th>statement</th>" in html and "effective rank" in html
+    assert "data:image/png;base64," in html and "<th>statement</th>" in html and "dominant singular values" in html
 
 
 def test_resume_skips_finished_units_and_rerenders(tiny_run):
