@@ -43,7 +43,7 @@ from .escape import (
     tail_ratio,
     theorem31_bound,
 )
-from .hamiltonian import backward_variables, geodesic_diagnostics
+from .hamiltonian import backward_variables, geodesic_diagnostics, lagrangian_weights
 from .invariances import (
     Invariant,
     InvariantSet,
@@ -95,6 +95,7 @@ __all__ = [
     "cost_of_identity",
     "backward_variables",
     "geodesic_diagnostics",
+    "lagrangian_weights",
     "balancedness_residual",
     "bottleneck_rank",
     "classify_minimum",
