@@ -44,11 +44,12 @@ def test_run_folder_is_complete(tiny_run):
         "id",
         "reason",
     }
+    assert all(c["id"] for c in claims) and len({c["id"] for c in claims}) == len(claims)
     assert isinstance(claims[0]["passed"], bool)
     results = json.loads((out / "results.json").read_text())
     assert results["claims_total"] == len(claims) and "torch" in results["versions"]
     html = (out / "report.html").read_text()
-    assert "data:image/png;base64," in html and "<th>statement</th>" in html and "effective rank" in html
+    assert "data:image/png;base64," in html and "<th>statement</th>" in html and "dominant singular values" in html
 
 
 def test_resume_of_a_finished_run_changes_nothing(tiny_run):

@@ -9,7 +9,12 @@ import torch
 
 import featurelab as fl
 from featurelab.measurements.cost_of_identity import features
-from featurelab.measurements.hamiltonian import backward_variables, layer_energies
+from featurelab.measurements.hamiltonian import (
+    backward_variables,
+    balancedness_residual,
+    lagrangian_weights,
+    layer_energies,
+)
 from featurelab.training.objectives import data_cost
 
 LAM = 0.01
@@ -176,3 +181,86 @@ def test_diagnostics_table_and_bad_inputs(gen):
     for args, kw, word in bad:
         with pytest.raises(fl.FeaturelabError, match=word):
             fl.measurements.geodesic_diagnostics(*args, **kw)
+
+
+def hamiltonian_flow(A0, B0, Lt, n):
+    """A representation geodesic by RK4 (n steps on [0, 1]) of Jacot & Kaiser's Hamiltonian equations, in rows:
+    ∂A = σ(A)Wᵀ − L̃A, ∂B = L̃B − 1[A>0] ⊙ (BW)[:, :w], with W = L̃Bᵀσ(A) (§2.4; the continuous limit of the
+    recursion of T1). Every such path is a critical path of the Lagrangian loss for its own end-point cost."""
+
+    def rhs(A, B):
+        W = Lt * B.T @ features(A)
+        return features(A) @ W.T - Lt * A, Lt * B - (A > 0) * (B @ W)[:, :-1]
+
+    h, A, B, path = 1.0 / n, A0, B0, [(A0, B0)]
+    for _ in range(n):
+        k1 = rhs(A, B)
+        k2 = rhs(A + h / 2 * k1[0], B + h / 2 * k1[1])
+        k3 = rhs(A + h / 2 * k2[0], B + h / 2 * k2[1])
+        k4 = rhs(A + h * k3[0], B + h * k3[1])
+        A = A + h / 6 * (k1[0] + 2 * k2[0] + 2 * k3[0] + k4[0])
+        B = B + h / 6 * (k1[1] + 2 * k2[1] + 2 * k3[1] + k4[1])
+        path.append((A, B))
+    return path
+
+
+@pytest.fixture(scope="module")
+def geodesic():
+    g = torch.Generator().manual_seed(3)
+    Lt, n = 1.5, 2000
+    A0 = torch.randn(7, 5, generator=g, dtype=torch.float64)
+    B0 = 0.3 * torch.randn(7, 5, generator=g, dtype=torch.float64)
+    path = hamiltonian_flow(A0, B0, Lt, n)
+    W = torch.stack([Lt * B.T @ features(A) for A, B in path])  # (n+1) x w x (w+1), W_p = L̃B_pᵀσ(A_p)
+    return Lt, n, path, W
+
+
+def test_balancedness_rate_is_twice_prop10(geodesic):
+    """d/dp ‖W_p‖² = 2L̃‖b_p‖² along a Hamiltonian geodesic (docs/leaky-resnets.md, "Balancedness"): central
+    differences in p against both rates; Jacot & Kaiser's Prop. 10 states L̃‖b_p‖²."""
+    Lt, n, _, W = geodesic
+    E, beta = (W**2).sum(dim=(1, 2)), (W[:, :, -1] ** 2).sum(dim=1)
+    dE = (E[2:] - E[:-2]) * n / 2
+    assert float(beta.min()) > 1.0  # the bias carries weight: the two rates differ
+    err = lambda rate: float((dE - rate * Lt * beta[1:-1]).abs().max() / dE.abs().max())
+    assert err(2.0) < 0.02 and err(1.0) > 0.4
+    # the discrete law on the net sampled from the geodesic at L = 200 equidistant steps
+    L = 200
+    p = torch.linspace(0, 1, L + 1, dtype=torch.float64)
+    Wl = W[torch.arange(L) * (n // L)]
+    assert balancedness_residual(Wl, p, Lt) < 1e-3
+    assert balancedness_residual(Wl, p, Lt / 2) > 0.1  # = the residual at Prop. 10's rate
+
+
+def test_hamiltonian_is_constant_along_the_geodesic(geodesic):
+    Lt, n, path, W = geodesic
+    H = []
+    for (A, B), Wp in zip(path[::100], W[::100]):
+        D = features(A) @ Wp.T - Lt * A
+        H.append(layer_energies(A, B, D, Lt)["hamiltonian"])
+    # RK4 loses its order where a ReLU switches (σ is only piecewise smooth): 1e-4 relative at n = 2000
+    assert max(H) - min(H) < 1e-3 * max(abs(h) for h in H)
+
+
+def test_lagrangian_weights(gen, geodesic):
+    """W = (L̃A + ∂A)σ(A)⁺ (Jacot & Kaiser §2.2): on a geodesic it is W_p itself; on any net it is W_l projected
+    onto the row space of σ(A_{l-1}) (an SVD projection), the minimum-norm weights moving A_{l-1} as W_l does."""
+    Lt, _, path, W = geodesic
+    for (A, _), Wp in zip(path[::250], W[::250]):
+        D = features(A) @ Wp.T - Lt * A
+        torch.testing.assert_close(lagrangian_weights(A, D, Lt), Wp, rtol=1e-9, atol=1e-10)
+    model, X, Y = random_net(gen, N=6)  # N = 6 < w+1 = 9: σ(A) has a null space, so W is not identifiable
+    df = fl.measurements.geodesic_diagnostics(model, X, Y, LAM)
+    with torch.no_grad():
+        reps = model.representations(X)
+    for l in range(1, model.depth + 1):
+        A, Wl = reps[l - 1], model.W[l - 1].detach()
+        D = (reps[l] - A) / model.rho[l - 1]
+        _, s, Vh = torch.linalg.svd(features(A), full_matrices=False)
+        V = Vh[s > 1e-10 * s[0]].T
+        W_lag = lagrangian_weights(A, D, model.effective_depth)
+        torch.testing.assert_close(W_lag, Wl @ V @ V.T, rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(features(A) @ W_lag.T - model.effective_depth * A, D, rtol=1e-9, atol=1e-9)
+        assert float(torch.linalg.norm(W_lag)) < float(torch.linalg.norm(Wl))
+        rel = torch.linalg.norm(Wl - W_lag) / torch.linalg.norm(Wl)
+        assert df["lagrangian_residual"][l - 1] == pytest.approx(float(rel), rel=1e-9)

@@ -205,6 +205,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 ">= 1 class",
                 0,
                 False,
+                id="slope-fit-possible",
             )
         )
     for f in fits:
@@ -218,6 +219,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 f["slope"],
                 err <= cfg.slope_tolerance,
                 f"{cfg.slope_tolerance:.0%} relative",
+                id=f"slope-equals-rank@lam{f['lam']:g}-k{f['k']}",
             )
         )
     by_depth = rows.groupby("depth")["class"].apply(lambda c: float(np.mean(c == "recovering")))
@@ -229,6 +231,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             f"share(L={hi}) > share(L={lo})",
             {f"L={lo}": by_depth[lo], f"L={hi}": by_depth[hi]},
             by_depth[hi] > by_depth[lo],
+            id="depth-favours-recovery",
         )
     )
     for f in fits:
@@ -240,6 +243,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 "> 0 margin",
                 {"R1_hat": f["R1_hat"], "max 2log|J|+": f["max_two_log_pdet"]},
                 f["R1_hat"] > f["max_two_log_pdet"],
+                id=f"theorem3-r1-bound@lam{f['lam']:g}-k{f['k']}",
             )
         )
     if "exact_slack" in rows:
@@ -251,6 +255,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 ">= 0 slack",
                 slack,
                 slack >= 0,
+                id="exact-jacobian-norm-bound",
             )
         )
 

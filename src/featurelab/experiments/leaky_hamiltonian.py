@@ -4,7 +4,8 @@ across effective depths L̃ (docs/theory/leaky-resnets.md §3, §5.3-5.4; Jacot 
 One unit per L̃: train (leaky-bottleneck's model, data and phases, optionally a float64 L-BFGS polish,
 §5.2), then `geodesic_diagnostics` on the training set.
 quick: Part 1 §5.4 (teacher 10→3→10, N = 256, w = 40, L = 16 equidistant, λ = 0.02, Adam 15k cosine),
-L̃ ∈ {2, 5, 8}; claims Q1-Q7 (never ĥ ≈ k* at this size; the residual r is reported next to ĥ).
+L̃ ∈ {2, 5, 8}; claims Q1-Q7 (Q4 as F4's gap test) and the paper's stronger F1, F4 and F5 (Theorem 4 (b)), which
+may fail at this size (the residual r is reported next to ĥ).
 paper: Part 1 §5.2-5.3 (teacher 20→5→20, N = 1000, w = 200, L = 50 adaptive, λ = 0.002, Adam 20k + guarded
 GD 10k + 500 L-BFGS steps **[ours]**), L̃ ∈ {1, 2, 3, 4, 5, 6, 7.5, 10}; claims F1-F5 and Fig. 3.
 """
@@ -21,6 +22,7 @@ from scipy.stats import spearmanr
 
 from ..claims import claim, fmt
 from ..figures import plt
+from ..measurements import singular_values
 from ..measurements.hamiltonian import geodesic_diagnostics
 from ..training import Phase
 from . import leaky_bottleneck as lb
@@ -84,9 +86,12 @@ def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
     data = lb.make_data(unit_config(cfg, unit["effective_depth"]))
     t0 = time.perf_counter()
     df = geodesic_diagnostics(model, data.X_train, data.Y_train, cfg.lam, cfg.gamma0, cfg.gamma_mode)
+    W = model.W.detach().double().cpu()
     return {
         "effective_depth": unit["effective_depth"],
         "layers": df.to_dict(orient="list"),
+        "positions": model.positions.tolist(),
+        "weight_singular_values": [singular_values(w[:, :-1], 10).tolist() for w in W],
         "summary": df.attrs["summary"],
         "final": result.history.iloc[-1].to_dict(),
         "train_seconds": result.seconds,
@@ -99,6 +104,14 @@ def spread(x) -> float:
     return float(np.max(x) - np.min(x))
 
 
+def f4_layers(k: int, df: pd.DataFrame, res: dict) -> tuple[list[str], list[float]]:
+    """`lb.bottleneck_kind` and s_{k*}/s_{k*+1} of W_l in each bottleneck layer of one trained net (F4)."""
+    S = df.filter(regex=r"^sv\d+$").to_numpy()
+    mid = lb.bottleneck_layers(res["positions"])
+    kinds = [lb.bottleneck_kind(S[l - 1], res["weight_singular_values"][l - 1], k) for l in mid]
+    return kinds, [lb.spectral_gap(S[l - 1], k) for l in mid]
+
+
 def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[float, dict]) -> pd.DataFrame:
     """One row per L̃: the headline numbers the claims and Fig. 1(a)/Fig. 3 use."""
     k = lb.bottleneck_rank(cfg)
@@ -106,6 +119,8 @@ def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[fl
     for Lt, df in layers.items():
         s = res[Lt]["summary"]
         mid = df[df["layer"].isin(lb.middle_half(len(df)))]
+        kinds, gaps = f4_layers(k, df, res[Lt])
+        sv = df.filter(regex=r"^sv\d+$").to_numpy()
         rows.append(
             {
                 "effective_depth": Lt,
@@ -120,10 +135,16 @@ def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[fl
                 "residual_max": s["residual_max"],
                 "thm4_gap_max": s["thm4_gap_max"],
                 "balancedness": s["balancedness"],
+                "slack_b_min": s["slack_b_min"],
                 "slack_c_min": s["slack_c_min"],
                 "slack_d_lower": s["slack_d_lower"],
                 "slack_d_upper": s["slack_d_upper"],
                 "mid_half_share": lb.mid_half_share(df["effective_rank"].tolist(), k),
+                "f4_kinds": kinds,
+                "f4_layers_with_gap": sum(kind in ("k*", "k*+1 (bias)") for kind in kinds),
+                "f4_gap_min": min(gaps, default=float("nan")),
+                "gap_first": lb.spectral_gap(sv[0], k),
+                "gap_last": lb.spectral_gap(sv[-1], k),
                 "kappa_first": float(df["kappa"].iloc[0]),
                 "kappa_last": float(df["kappa"].iloc[-1]),
                 "kappa_mid_median": float(mid["kappa"].median()),
@@ -165,6 +186,7 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
             "both strictly increasing",
             {"h_gamma": t["h_gamma_median"].tolist(), "h": t["h_median"].tolist()},
             increasing(t["h_gamma_median"]) and increasing(t["h_median"]),
+            id="q1-hamiltonians-increase",
         ),
         claim(
             f"Q2: min_l COI_γ decreases with L̃ and is in [k*-0.5, k*+1.5] at L̃ = {Lts[-1]:g}",
@@ -172,6 +194,7 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
             f"decreasing; last in [{k - 0.5}, {k + 1.5}]",
             t["min_coi"].tolist(),
             increasing(-t["min_coi"]) and k - 0.5 <= t["min_coi"].iloc[-1] <= k + 1.5,
+            id="q2-coi-decreases",
         ),
         claim(
             "Q3: median ĥ_γ < min_l COI_γ at each L̃",
@@ -180,14 +203,16 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
             (t["min_coi"] - t["h_gamma_median"]).tolist(),
             bool((t["h_gamma_median"] < t["min_coi"]).all()),
             "difference > 0",
+            id="q3-hgamma-below-coi",
         ),
+        lb.f4_claim(k, t["f4_kinds"].iloc[-1], t["f4_gap_min"].iloc[-1], f" at L̃ = {Lts[-1]:g}"),
         claim(
-            f"Q4: at L̃ = {Lts[-1]:g} >= 75% of mid-half layers have effective rank in {{k*, k*+1}}; "
-            f"at L̃ = {Lts[0]:g} none",
-            REF + " (as leaky-bottleneck)",
-            ">= 0.75 and 0",
-            t["mid_half_share"].tolist(),
-            t["mid_half_share"].iloc[-1] >= 0.75 and t["mid_half_share"].iloc[0] == 0,
+            f"Q4: at L̃ = {Lts[0]:g} no bottleneck layer has F4's gap (no bottleneck at small L̃)",
+            REF,
+            "0 layers",
+            {"layers with the gap": int(t["f4_layers_with_gap"].iloc[0]), "of": len(t["f4_kinds"].iloc[0])},
+            t["f4_layers_with_gap"].iloc[0] == 0,
+            id="q4-no-gap-small-depth",
         ),
         claim(
             "Q5: at L̃ >= 5 the first-layer κ is >= 10x the mid-half median κ",
@@ -195,6 +220,7 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
             ">= 10",
             (big["kappa_first"] / big["kappa_mid_median"]).tolist(),
             bool((big["kappa_first"] >= 10 * big["kappa_mid_median"]).all()) and len(big) > 0,
+            id="q5-kappa-large-at-input",
         ),
         claim(
             "Q6: the mid-half negativity max_l ‖min(A,0)‖/‖A‖ decreases with L̃",
@@ -202,6 +228,7 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
             "strictly decreasing",
             t["negativity_mid_max"].tolist(),
             increasing(-t["negativity_mid_max"]),
+            id="q6-negativity-decreases",
         ),
         claim(
             "Q7: at L̃ >= 5 the spread over layers of ĥ_γ is <= 0.25x that of COI_γ",
@@ -209,40 +236,66 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
             "<= 0.25",
             (big["h_gamma_spread"] / big["coi_spread"]).tolist(),
             bool((big["h_gamma_spread"] <= 0.25 * big["coi_spread"]).all()) and len(big) > 0,
+            id="q7-hgamma-flat",
         ),
+        f1_claim(k, t),
+        f5_slack_claim(big),
     ]
     return out
+
+
+def f1_claim(k: int, t: pd.DataFrame):
+    """F1: median ĥ and ĥ_γ rise towards k* from below as L̃ grows: increasing in L̃ (Spearman >= 0.8), never
+    above k*, and within one rank unit below k* at the largest L̃ (Jacot & Kaiser Fig. 1(a), Theorem 4 eq. 4)."""
+    rho_h = spearmanr(t["effective_depth"], t["h_median"]).statistic
+    rho_hg = spearmanr(t["effective_depth"], t["h_gamma_median"]).statistic
+    last = t.iloc[-1]
+    r = last["residual_median"]
+    return claim(
+        f"F1: median ĥ and ĥ_γ rise towards k* = {k} from below as L̃ grows (Spearman with L̃ >= 0.8, never above "
+        f"k*, in [k*-1, k*] at the largest L̃; median r there {r:.3g})",
+        FIG1,
+        f"rising to k* = {k}, all <= {k}",
+        {
+            "spearman_h": rho_h,
+            "spearman_h_gamma": rho_hg,
+            "max": float(t[["h_median", "h_gamma_median"]].max().max()),
+            "h_last": last["h_median"],
+            "h_gamma_last": last["h_gamma_median"],
+        },
+        rho_h >= 0.8
+        and rho_hg >= 0.8
+        and (t[["h_median", "h_gamma_median"]] <= k).all().all()
+        and k - 1 <= last["h_median"] <= k
+        and k - 1 <= last["h_gamma_median"] <= k,
+        "none above k*",
+        id="f1-hamiltonian-from-below",
+    )
+
+
+def f5_slack_claim(big: pd.DataFrame):
+    """F5 as Theorem 4 (b): ``|‖D_l‖_(K+γI) − L̃√(COI_γ − ĥ_l)| <= 2L̃√γ c_l`` at every layer (slack >= 0)."""
+    return claim(
+        "F5 (Theorem 4 (b)): at L̃ >= 5 the speed ‖∂_pA‖_(K+γI) is L̃ times the square root of the extra COI "
+        "(COI_γ − ĥ) up to 2L̃√γ‖B_l‖, at every layer",
+        "Jacot & Kaiser Theorem 4 and Fig. 1; docs/theory/leaky-resnets.md §3.5 (b)",
+        "slack >= 0",
+        dict(zip(big["effective_depth"], big["slack_b_min"])),
+        len(big) > 0 and bool((big["slack_b_min"] >= 0).all()),
+        id="f5-thm4b-slack",
+    )
 
 
 def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
     k = lb.bottleneck_rank(cfg)
     big = t[t["effective_depth"] >= LARGE]
-    rho_h = spearmanr(t["effective_depth"], t["h_median"]).statistic
-    rho_hg = spearmanr(t["effective_depth"], t["h_gamma_median"]).statistic
     rho_c = spearmanr(t["effective_depth"], t["min_coi"]).statistic
     last = t.iloc[-1]
     bounded = {
         c: float(t[c].max() / t[c].min()) for c in ("B_norm_max", "BS_norm_max", "path_length_F", "path_length_gamma")
     }
     return [
-        claim(
-            "F1: median ĥ and ĥ_γ rise towards k* from below as L̃ grows (Spearman with L̃ >= 0.8, all <= k*+0.5, "
-            f"within 1 of k* at the largest L̃; median r there {last['residual_median']:.3g})",
-            FIG1,
-            f"rising to k* = {k}",
-            {
-                "spearman_h": rho_h,
-                "spearman_h_gamma": rho_hg,
-                "h_last": last["h_median"],
-                "h_gamma_last": last["h_gamma_median"],
-            },
-            rho_h >= 0.8
-            and rho_hg >= 0.8
-            and (t[["h_median", "h_gamma_median"]] <= k + 0.5).all().all()
-            and abs(last["h_median"] - k) <= 1
-            and abs(last["h_gamma_median"] - k) <= 1,
-            "[ours] 1 rank unit",
-        ),
+        f1_claim(k, t),
         claim(
             "F2: min_l COI_γ falls towards k* from above (Spearman <= -0.8, all >= k*-0.5, last in [k*-0.5, k*+1.5]) "
             "and stays >= median ĥ up to the slack of §3.5(c)",
@@ -254,6 +307,7 @@ def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
             and k - 0.5 <= last["min_coi"] <= k + 1.5
             and (t["slack_d_upper"] >= 0).all(),
             "[ours] [-0.5, +1.5]",
+            id="f2-coi-from-above",
         ),
         claim(
             "F3: at L̃ >= 5, ĥ varies <= 0.25x as much over layers as COI_γ and κ; mid-half |ĥ_γ - ĥ| median <= 0.5",
@@ -270,23 +324,16 @@ def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
                 and (big["h_gap_mid_median"] <= 0.5).all()
             ),
             "[ours]",
+            id="f3-hamiltonian-flat",
         ),
+        lb.f4_claim(k, sum(big["f4_kinds"], []), big["f4_gap_min"].min(), " at L̃ >= 5"),
         claim(
-            "F4: at L̃ >= 5, >= 75% of mid-half layers keep k* or k*+1 singular values >= 0.1 s_1, the first and "
-            "last layers more (no gap near p = 0, 1)",
+            f"F4: at L̃ >= 5 no gap near p = 0, 1: s_k*/s_k*+1 of the first and last W_l below {lb.GAP:g}",
             FIG1,
-            ">= 0.75; end ranks > k*+1",
-            {
-                "share": big["mid_half_share"].tolist(),
-                "first": big["rank_first"].tolist(),
-                "last": big["rank_last"].tolist(),
-            },
-            len(big) > 0
-            and bool(
-                (big["mid_half_share"] >= 0.75).all()
-                and (big["rank_first"] > k + 1).all()
-                and (big["rank_last"] > k + 1).all()
-            ),
+            f"< {lb.GAP:g}",
+            {"first": big["gap_first"].tolist(), "last": big["gap_last"].tolist()},
+            len(big) > 0 and bool((big[["gap_first", "gap_last"]] < lb.GAP).all().all()),
+            id="f4-no-gap-at-ends",
         ),
         claim(
             "F5: at L̃ >= 5, κ at both ends >= 10x its mid-half median, and mid-half median COI_γ within 1 of k*",
@@ -304,7 +351,9 @@ def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
                 and ((big["coi_mid_median"] - k).abs() <= 1).all()
             ),
             "[ours] 1 rank unit",
+            id="f5-kinetic-at-ends",
         ),
+        f5_slack_claim(big),
         claim(
             "Fig. 3: max‖B_l‖, max‖B_lσ(A_{l-1})ᵀ‖, ℓ_F and ℓ_γ stay of the same order over L̃ (max/min <= 10)",
             "docs/theory/leaky-resnets.md §5.3; Jacot & Kaiser Fig. 3",
@@ -312,6 +361,7 @@ def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
             bounded,
             all(v <= 10 for v in bounded.values()),
             "[ours] factor 10",
+            id="fig3-bounded",
         ),
     ]
 

@@ -113,6 +113,27 @@ def _fixing_u(rng: np.random.Generator, u: np.ndarray) -> np.ndarray:
     return np.outer(u, u) + B @ ortho_group.rvs(d - 1, random_state=rng) @ B.T
 
 
+def path_crossings(paths: np.ndarray) -> int:
+    """How many pairs of segments of *different* polylines properly cross (share one interior point).
+
+    paths: ``n x (T+1) x 2`` (n planar polylines of T segments). Touching at an end point or overlapping
+    collinearly does not count. Jacot 2023 Fig. 2: GD paths in the learned 2-D bottleneck should not cross.
+    """
+    P = np.asarray(paths, dtype=float)
+    a, b = P[:, :-1].reshape(-1, 2), P[:, 1:].reshape(-1, 2)
+    owner = np.repeat(np.arange(len(P)), P.shape[1] - 1)
+
+    def orient(p, q, r):  # sign of the cross product (q - p) x (r - p), all pairs: (m, m)
+        return np.sign(
+            (q[:, None, 0] - p[:, None, 0]) * (r[None, :, 1] - p[:, None, 1])
+            - (q[:, None, 1] - p[:, None, 1]) * (r[None, :, 0] - p[:, None, 0])
+        )
+
+    o1, o2 = orient(a, b, a), orient(a, b, b)  # where segment j's ends lie relative to segment i
+    crosses = (o1 * o2 < 0) & (o1.T * o2.T < 0) & (owner[:, None] != owner[None, :])
+    return int(np.triu(crosses).sum())
+
+
 def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
     data = make_data(cfg)
     u, E = np.array(data.meta["u"]), np.array(data.meta["E"])
@@ -160,6 +181,8 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
     traj, _ = symmetry_gd(W0, torch.from_numpy(u), torch.from_numpy(E), cfg.eta, cfg.path_steps)
     paths = np.stack([to_z(pre(traj[:, t])) for t in range(cfg.path_steps + 1)], 1)  # n_paths x (t+1) x 2
     r2_flow = cubic_r2(paths[:, :-1].reshape(-1, 2), paths[:, 1:].reshape(-1, 2))
+    m_t = traj.numpy() @ u  # the same paths in the true invariants (|m|, r), the reference for crossings
+    true_paths = np.stack([np.abs(m_t), np.linalg.norm(traj.numpy() - m_t[..., None] * u, axis=-1)], -1)
     s = spectra[l_star - 1]
     return {
         "depth": unit["depth"],
@@ -173,6 +196,9 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
         "symmetry_change": sym,
         "control_change": control,
         "flow_r2": r2_flow,
+        "path_crossings": path_crossings(paths),
+        "true_path_crossings": path_crossings(true_paths),
+        "bottleneck_layers": {str(l): [float(spectra[l - 1][1] / spectra[l - 1][0]), ratio3[l]] for l in hidden},
         "Z": Z.tolist(),
         "abs_m": np.abs(m).tolist(),
         "r": r.tolist(),
@@ -190,6 +216,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         s2, s3 = res["s_ratios"]
         r2 = res["r2"]
         tag = f"[{uid}, ℓ*={res['l_star']}]"
+        layers = res["bottleneck_layers"]
         claims += [
             claim(
                 f"{tag} check 1: a 2-D bottleneck, s₃/s₁ < 0.05 and s₂/s₁ > 0.05 (centred α̃_ℓ* on test inputs)",
@@ -197,6 +224,24 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 "s₂/s₁ > 0.05, s₃/s₁ < 0.05",
                 {"s2/s1": s2, "s3/s1": s3},
                 s3 < 0.05 and s2 > 0.05,
+                id=f"check1-2d-bottleneck@{uid}",
+            ),
+            claim(
+                f"[{uid}] check 1 in every bottleneck layer ℓ in [L/4, 3L/4] (hidden): s₃/s₁ < 0.05 and s₂/s₁ > 0.05",
+                ref,
+                "all layers",
+                {f"ℓ={l}": v for l, v in layers.items()},
+                all(v[1] < 0.05 and v[0] > 0.05 for v in layers.values()),
+                id=f"check1-bottleneck-layers@{uid}",
+            ),
+            claim(
+                f"{tag} check 5: GD paths in the learned 2-D bottleneck do not cross (pairs of crossing segments of "
+                f"different paths; the same paths in the true (|m|, r) plane: {res['true_path_crossings']})",
+                ref + " (Fig. 2: non-crossing paths)",
+                0,
+                res["path_crossings"],
+                res["path_crossings"] == 0,
+                id=f"check5-paths-do-not-cross@{uid}",
             ),
             claim(
                 f"{tag} check 2: cubic R² of Z→|m| >= 0.95, Z→r >= 0.9, (|m|,r)→Z >= 0.95",
@@ -204,6 +249,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 "0.95, 0.9, 0.95",
                 {k: r2[k] for k in ("|m|", "r", "reverse")},
                 r2["|m|"] >= 0.95 and r2["r"] >= 0.9 and r2["reverse"] >= 0.95,
+                id=f"check2-encodes-invariants@{uid}",
             ),
             claim(
                 f"{tag} check 2: the sign of m is forgotten, cubic R² of Z→signed m < 0.1",
@@ -211,6 +257,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 "< 0.1",
                 r2["signed m"],
                 r2["signed m"] < 0.1,
+                id=f"check2-forgets-sign@{uid}",
             ),
             claim(
                 f"{tag} check 3: relative squared change ‖Δα̃_ℓ*‖²/‖α̃_ℓ* − mean‖² under maps fixing ±u < 0.05, "
@@ -219,6 +266,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 "max < 0.05; control > 0.5",
                 {"max symmetric": max(res["symmetry_change"]), "control": res["control_change"]},
                 max(res["symmetry_change"]) < 0.05 and res["control_change"] > 0.5,
+                id=f"check3-invariance@{uid}",
             ),
         ]
         rows.append(
@@ -235,6 +283,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 "max_symmetric_change": max(res["symmetry_change"]),
                 "control_change": res["control_change"],
                 "flow_R2 (check 4, uncalibrated)": res["flow_r2"],
+                "path_crossings": res["path_crossings"],
+                "true_path_crossings": res["true_path_crossings"],
                 "sq_norm": res["sq_norm"],
             }
         )

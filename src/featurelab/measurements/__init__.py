@@ -53,7 +53,7 @@ from .escape import (
     theorem31_bound,
     theorem31_check,
 )
-from .hamiltonian import backward_variables, geodesic_diagnostics
+from .hamiltonian import backward_variables, geodesic_diagnostics, lagrangian_weights
 from .invariances import (
     Invariant,
     InvariantSet,
@@ -125,6 +125,7 @@ __all__ = [
     "cost_of_identity",
     "backward_variables",
     "geodesic_diagnostics",
+    "lagrangian_weights",
     "balancedness_residual",
     "bottleneck_rank",
     "classify_minimum",

@@ -122,19 +122,35 @@ def layer_energies(
 
 
 def balancedness_residual(W: torch.Tensor, positions: torch.Tensor, effective_depth: float) -> float:
-    """``max_l |E_l − Ê_l| / max_l E_l`` of the discrete Prop. 10 (docs/theory/leaky-resnets.md §3.6, **[ours]** form).
+    """``max_l |E_l − Ê_l| / max_l E_l`` of the discrete balancedness law (docs/theory/leaky-resnets.md §3.6).
 
-    W: ``L x w x (w+1)`` (bias = last column), positions: ``p_0..p_L``. ``E_l = ‖W_l‖²`` at the midpoints
-    ``m_l = (p_{l-1}+p_l)/2``, ``Ê_l = E_1 + L̃ Σ_{j=2..l} (β_{j-1}+β_j)/2 (m_j − m_{j-1})``, ``β_l = ‖b_l‖²``.
+    At a critical point ``∂_p‖W_p‖² = 2L̃‖b_p‖²`` (full norm, bias included): twice the rate of Jacot & Kaiser's
+    Prop. 10, whose proof drops the chain-rule term of the reparametrisation; derived in docs/leaky-resnets.md,
+    "Balancedness (Prop. 10)". W: ``L x w x (w+1)`` (bias = last column), positions: ``p_0..p_L``.
+    ``E_l = ‖W_l‖²`` at the midpoints ``m_l = (p_{l-1}+p_l)/2``,
+    ``Ê_l = E_1 + 2L̃ Σ_{j=2..l} (β_{j-1}+β_j)/2 (m_j − m_{j-1})``, ``β_l = ‖b_l‖²`` (trapezoid rule).
     """
     W = W.detach().to(torch.float64)
     E = (W**2).sum(dim=(1, 2))
     beta = (W[:, :, -1] ** 2).sum(dim=1)
     p = positions.to(torch.float64)
     m = (p[:-1] + p[1:]) / 2
-    increments = effective_depth * (beta[:-1] + beta[1:]) / 2 * (m[1:] - m[:-1])
+    increments = 2 * effective_depth * (beta[:-1] + beta[1:]) / 2 * (m[1:] - m[:-1])
     E_hat = E[0] + torch.cat([torch.zeros(1, dtype=E.dtype), torch.cumsum(increments, 0)])
     return float((E - E_hat).abs().max() / E.max())
+
+
+def lagrangian_weights(A: torch.Tensor, D: torch.Tensor, effective_depth: float) -> torch.Tensor:
+    """The weights of the Lagrangian reformulation, ``W = (L̃A + ∂_pA) σ(A)⁺`` (Jacot & Kaiser §2.2; columns
+    convention there): the minimum-norm W with ``∂_pA = Wσ(A) − L̃A``, ``w x (w+1)``.
+
+    A: the representation, D: its velocity ∂_pA (a layer's ``D_l = (A_l − A_{l-1})/ρ_l``), each ``N x w`` (rows
+    are samples). In rows, ``Wᵀ = σ(A)⁺(L̃A + D)``: the least-squares solution of ``σ(A) Wᵀ = L̃A + D``
+    (``lstsq``, gelsd, explicit rcond). For a layer of the network it is ``W_l`` projected onto the row space of
+    σ(A_{l-1}); every critical point has ``W_l = L̃B_lᵀσ(A_{l-1})`` there already, so the two agree.
+    """
+    A, D = as_matrix("A", A), as_matrix("D", D)
+    return kernel_metric(A, True, 0.0).whiten(effective_depth * A + D).T
 
 
 def geodesic_diagnostics(
@@ -149,12 +165,13 @@ def geodesic_diagnostics(
 
     Columns: layer, p, rho, the `layer_energies` keys, pre_hamiltonian
     ``Tr[Bᵀ(σ(A)W_lᵀ − L̃A)] − ‖W_l‖²/(2L̃)`` (= −(1/λ)∂𝓛/∂ρ_l, §3.3), residual
-    ``r_l = ‖W_l − L̃Bᵀσ(A)‖/‖W_l‖`` (§3.2), negativity ``‖min(A,0)‖/‖A‖`` of the paired A (Prop. 5),
-    sv1..sv10 of W_l and effective_rank ``#{s_i ≥ 0.1 s_1}`` (§3.6).
+    ``r_l = ‖W_l − L̃Bᵀσ(A)‖/‖W_l‖`` (§3.2), lagrangian_residual ``‖W_l − (L̃A_{l-1} + D_l)σ(A_{l-1})⁺‖/‖W_l‖``
+    (`lagrangian_weights`: the share of W_l the training data never see; 0 at a critical point), negativity
+    ``‖min(A,0)‖/‖A‖`` of the paired A (Prop. 5), sv1..sv10 of W_l and effective_rank ``#{s_i ≥ 0.1 s_1}`` (§3.6).
     ``.attrs["summary"]``: median/min/max of h_rescaled and h_gamma_rescaled, min_coi
-    (``min_l COI_γ(A_l)``, l = 0..L), path_length_F and path_length_gamma (§3.6), balancedness,
-    max/median residual, max B_norm and BS_norm (Fig. 3), max thm4_gap, the minimum slacks of (a)-(c) and
-    the eq. 4 slacks (d) at the median ĥ.
+    (``min_l COI_γ(A_l)``, l = 0..L), path_length_F and path_length_gamma (§3.6), balancedness (rate 2L̃‖b‖²),
+    max/median residual, max lagrangian_residual, max B_norm and BS_norm (Fig. 3), max thm4_gap, the minimum
+    slacks of (a)-(c) and the eq. 4 slacks (d) at the median ĥ.
     """
     m = _float64_leaky(model)
     non_negative("gamma0", gamma0)
@@ -173,6 +190,8 @@ def geodesic_diagnostics(
         S = features(A)
         row["pre_hamiltonian"] = float((B * (S @ Wl.T - Lt * A)).sum()) - float((Wl**2).sum()) / (2 * Lt)
         row["residual"] = float(torch.linalg.norm(Wl - Lt * B.T @ S) / torch.linalg.norm(Wl))
+        W_lag = lagrangian_weights(reps[l - 1], D, Lt)
+        row["lagrangian_residual"] = float(torch.linalg.norm(Wl - W_lag) / torch.linalg.norm(Wl))
         row["negativity"] = float(torch.linalg.norm(A.clamp(max=0)) / torch.linalg.norm(A).clamp_min(1e-300))
         s = singular_values(Wl, 10)
         row.update({f"sv{i + 1}": float(s[i]) for i in range(s.numel())})
@@ -200,6 +219,7 @@ def geodesic_diagnostics(
         "balancedness": balancedness_residual(W, p, Lt),
         "residual_max": float(df["residual"].max()),
         "residual_median": float(df["residual"].median()),
+        "lagrangian_residual_max": float(df["lagrangian_residual"].max()),
         "B_norm_max": float(df["B_norm"].max()),
         "BS_norm_max": float(df["BS_norm"].max()),
         "thm4_gap_max": float(df["thm4_gap"].max()),
