@@ -148,7 +148,13 @@ class ModelAnalysis:
         save_figure(self.plot(), folder / "figures", "analysis")
         write_json(folder / "summary.json", self.summary)
         flat = {k: v for k, v in self.summary.items() if k != "notes"}
-        parts = [page_head(title), f"<h1>{html.escape(title)}</h1>", "<h2>Summary</h2>", mapping_table(flat)]
+        parts = [
+            page_head(title),
+            f"<h1>{html.escape(title)}</h1>",
+            "<p>Columns, formulas and sources: docs/analyze.md of featurelab.</p>",
+            "<h2>Summary</h2>",
+            mapping_table(flat),
+        ]
         if self.summary.get("notes"):
             notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.summary["notes"])
             parts.append(f"<h2>Notes</h2><ul>{notes}</ul>")

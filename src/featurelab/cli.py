@@ -91,6 +91,8 @@ def _cmd_analyze(args) -> int:
     set_threads(args.threads)
     shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else None
     if args.target.endswith(".safetensors"):
+        if args.data:
+            raise FeaturelabError("--data needs a model: give package.module:factory (a weights file is weights only)")
         model, X, Y = weights_module(args.target), None, None
     else:
         model = load_factory(args.target, args.weights)
