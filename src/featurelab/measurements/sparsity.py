@@ -376,7 +376,7 @@ def cp_rank_bounds(A, factor=None, rtol: float = 1e-10) -> CpRankBounds:
     columns of `factor` (``N x k``), accepted only if it is entrywise >= 0 and ``factor factorᵀ = A`` to
     `rtol` relative. A: ``N x N`` symmetric, entrywise >= 0 (float64). Entries below rtol·max|A| count as 0.
     """
-    A = torch.as_tensor(A, dtype=torch.float64)
+    A = torch.as_tensor(A, dtype=torch.float64).detach()
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise FeaturelabError(f"A has shape {tuple(A.shape)}; it must be a square N x N matrix")
     positive("rtol", rtol)
@@ -397,7 +397,7 @@ def cp_rank_bounds(A, factor=None, rtol: float = 1e-10) -> CpRankBounds:
         lower = max(lower, edges + isolated)
     upper = None
     if factor is not None:
-        B = torch.as_tensor(factor, dtype=torch.float64)
+        B = torch.as_tensor(factor, dtype=torch.float64).detach()
         if B.ndim != 2 or B.shape[0] != A.shape[0]:
             raise FeaturelabError(f"factor has shape {tuple(B.shape)}; it must be N x k with N = {A.shape[0]}")
         if float(B.min()) < 0 or float((B @ B.T - A).abs().max()) > rtol * scale:
