@@ -22,7 +22,7 @@ from .bottleneck import (
 )
 
 # Leaky ResNets: Hamiltonian, cost of identity (docs/theory/leaky-resnets.md)
-from .cost_of_identity import cost_of_identity
+from .cost_of_identity import constant_coi_path, cost_of_identity
 
 # escape from the origin saddle (docs/theory/saddle-to-saddle.md)
 from .escape import (
@@ -93,6 +93,7 @@ __all__ = [
     "effective_rank",
     "numerical_rank",
     "cost_of_identity",
+    "constant_coi_path",
     "backward_variables",
     "geodesic_diagnostics",
     "lagrangian_weights",
