@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import featurelab as fl
-from featurelab.measurements.cost_of_identity import features, kernel_metric
+from featurelab.measurements.cost_of_identity import constant_coi_path, cost_of_identity, features, kernel_metric
 
 
 def dense_coi(A, bias, gamma=0.0):
@@ -122,3 +122,22 @@ def test_bad_inputs_name_the_argument():
             fl.measurements.cost_of_identity(A, **kw)
     with pytest.raises(fl.FeaturelabError, match="A"):
         fl.measurements.cost_of_identity(torch.full((3, 2), float("nan")))
+
+
+def test_prop3_constant_coi_path(gen):
+    """Jacot & Kaiser Prop. 3: with w > N(N+1) a path of constant COI reaches a representation with a zero neuron;
+    checked against the kernels and the COI recomputed from each A_t."""
+    N, w = 3, 20
+    A = torch.randn(N, w, generator=gen, dtype=torch.float64)
+    path, c = constant_coi_path(A, [0.0, 0.25, 0.5, 1.0])
+    torch.testing.assert_close(path[0], A, rtol=0, atol=0)
+    assert int((c > 0).sum()) <= N * (N + 1)
+    assert int((path[-1].abs().sum(0) == 0).sum()) >= w - N * (N + 1)
+    coi = cost_of_identity(A)
+    for At in path:
+        torch.testing.assert_close(At @ At.T, A @ A.T, rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(torch.relu(At) @ torch.relu(At).T, torch.relu(A) @ torch.relu(A).T)
+        assert cost_of_identity(At) == pytest.approx(coi, rel=1e-9)
+        assert cost_of_identity(At, gamma=1e-3) == pytest.approx(cost_of_identity(A, gamma=1e-3), rel=1e-9)
+    # the kernel pair is kept, so a representation that is not non-negative stays so (K ≠ K_σ)
+    assert float(path[-1].clamp(max=0).abs().sum()) > 0

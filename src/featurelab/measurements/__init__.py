@@ -30,7 +30,7 @@ from .bottleneck import (
 )
 
 # Leaky ResNets: Hamiltonian, cost of identity (docs/theory/leaky-resnets.md)
-from .cost_of_identity import cost_of_identity
+from .cost_of_identity import constant_coi_path, cost_of_identity
 
 # escape from the origin saddle (docs/theory/saddle-to-saddle.md)
 from .escape import (
@@ -123,6 +123,7 @@ __all__ = [
     "spectrum_ranks",
     "numerical_rank",
     "cost_of_identity",
+    "constant_coi_path",
     "backward_variables",
     "geodesic_diagnostics",
     "lagrangian_weights",

@@ -159,3 +159,26 @@ def cost_of_identity(
         if torch.linalg.norm(metric.S @ Z - A) > OUTSIDE_IMAGE_TOL * torch.linalg.norm(A):
             return float("inf")
     return float((Z**2).sum())
+
+
+def constant_coi_path(A, ts) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The constant-COI path of Jacot & Kaiser's Prop. 3 (proof of Prop. 7 there) from representation A
+    (``N x w``, rows are samples; neuron i is column ``a_i``).
+
+    Carathéodory for cones: a vertex ``c >= 0`` of ``{c : Σ_i c_i (a_i a_iᵀ, σ̄(a_i)σ̄(a_i)ᵀ) = (AAᵀ, σ̄(A)σ̄(A)ᵀ)}``
+    (scipy's HiGHS dual simplex) has at most N(N+1) nonzero entries. Scaling column i by ``√((1−t) + t c_i)`` keeps
+    both kernels, hence every COI and COI_γ, constant in t, while at t = 1 the columns with ``c_i = 0`` vanish
+    (at least w − N(N+1) of them). ts: the times in [0, 1]. Returns ``([A_t for t in ts], c)``.
+    """
+    from scipy.optimize import linprog
+
+    A = as_matrix("A", A)
+    N, w = A.shape
+    rows, cols = torch.triu_indices(N, N)
+    pairs = [torch.einsum("ni,mi->inm", M, M)[:, rows, cols] for M in (A, torch.relu(A))]  # w x N(N+1)/2 each
+    basis = torch.cat(pairs, dim=1).T.cpu().numpy()  # N(N+1) x w: column i is neuron i's kernel pair
+    lp = linprog(basis.sum(0), A_eq=basis, b_eq=basis.sum(1), bounds=(0, None), method="highs-ds")
+    if lp.status != 0:  # c = 1 is always feasible, so only a numerical failure gets here
+        raise FeaturelabError(f"A: the Carathéodory linear program failed ({lp.message})")
+    c = torch.as_tensor(lp.x, dtype=A.dtype, device=A.device).clamp_min(0)
+    return [A * torch.sqrt((1 - float(t)) + float(t) * c) for t in ts], c
