@@ -39,7 +39,7 @@ class Config(ExperimentConfig):
     N: int = Field(6, ge=2)
     lam: float = Field(1e-2, gt=0)
     widths: list[PositiveInt] = Field([4, 6, 9, 12], min_length=1)
-    trials: int = Field(2, ge=1)
+    trials: int = Field(2, ge=1, le=1000)
     adam_steps: int = Field(3000, ge=1)
     adam_lr: float = Field(1e-2, gt=0)
     gd_steps: int = Field(0, ge=0)

@@ -299,6 +299,7 @@ def _run(exp, cfg, run: Path, preset: str, sweep_args: dict) -> RunRecord:
                 len(units),
                 len(sweep.results),
                 len(sweep.results) == len(units),
+                id="sweep-complete",
             )
         )
     for fname, fig in analysis.figures.items():
