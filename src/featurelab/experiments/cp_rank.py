@@ -40,10 +40,10 @@ from .width_plateau import adam_then_gd, shrink
 class Config(ExperimentConfig):
     construction_sizes: list[PositiveInt] = Field([4, 6, 8], min_length=1)
     onehot_sizes: list[PositiveInt] = Field([3, 5, 2], min_length=1)
-    N: int = Field(6, ge=2)
+    N: int = Field(6, ge=2, le=200)
     lam: float = Field(1e-2, gt=0)
     widths: list[PositiveInt] = Field([4, 6, 8, 9, 12], min_length=1)
-    trials: int = Field(2, ge=1)
+    trials: int = Field(2, ge=1, le=1000)
     adam_steps: int = Field(3000, ge=1)
     adam_lr: float = Field(1e-2, gt=0)
     gd_steps: int = Field(0, ge=0)

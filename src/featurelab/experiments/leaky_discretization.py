@@ -45,7 +45,7 @@ class Config(lb.Config):
     effective_depth: float = Field(3.0, gt=0)
     steps: Literal["equidistant", "irregular", "adaptive"] | None = Field(None, description="set per unit")
     schemes: list[Literal["equidistant", "irregular", "adaptive"]] = Field(list(SCHEMES), min_length=1)
-    n_seeds: int = Field(3, ge=1)
+    n_seeds: int = Field(3, ge=1, le=1000)
     lam: float = Field(0.02, gt=0)
     adam_steps: int = Field(4000, ge=0)
     reference_depth: int = Field(16, ge=1, description="L of the spectra and PCA figures")

@@ -64,7 +64,7 @@ class Config(ExperimentConfig):
     max_step: float | None = Field(0.25, gt=0)
     log_every: int = Field(250, ge=1)
     checkpoint_every: int = Field(10000, ge=0)
-    seeds: int = Field(3, ge=1)
+    seeds: int = Field(3, ge=1, le=1000)
     dtype: str = Field("float32", pattern="^(float32|float64)$")
     plateau_min_steps: int = Field(3000, ge=1)
     claim_min_steps: int = Field(5000, ge=1)

@@ -48,7 +48,7 @@ class Sweep(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     widths: list[PositiveInt] = Field(min_length=1)
-    trials: int = Field(2, ge=1)
+    trials: int = Field(2, ge=1, le=1000)
     depth: int = Field(3, ge=2)
     bias: float = Field(1.0, ge=0)
     lam: float = Field(1e-3, gt=0)

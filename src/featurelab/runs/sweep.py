@@ -79,8 +79,9 @@ def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
 def _stop(pool: ProcessPoolExecutor) -> None:
     """Cancel the pool's queued work items and end its workers now (files are written atomically, so
     what they leave is resumable)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
-    for proc in list(getattr(pool, "_processes", {}).values()):
+    for proc in workers:
         proc.terminate()
 
 
