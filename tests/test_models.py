@@ -85,8 +85,9 @@ def numpy_leaky_resnet(model, X):
 def test_leaky_resnet_forward_matches_recursion(steps):
     model = fl.LeakyResNet(4, 3, 6, depth=9, effective_depth=3.0, steps=steps, seed=5, dtype=torch.float64)
     X = torch.randn(10, 4, dtype=torch.float64)
-    out, reps = model(X, return_layers=True)
+    out, reps, acts = model(X, return_layers=True)
     assert out.shape == (10, 3) and len(reps) == 10 and reps[0].shape == (10, 6)
+    assert len(acts) == 9 and torch.equal(acts[3], model.sigma(reps[3]))
     np.testing.assert_allclose(out.detach().numpy(), numpy_leaky_resnet(model, X.numpy()), rtol=1e-12, atol=1e-12)
 
 

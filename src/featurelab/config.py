@@ -8,12 +8,14 @@ the field, the value and what is allowed, from the CLI and the Python API alike.
 from __future__ import annotations
 
 import contextvars
+from typing import TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import FeaturelabError
 
+B = TypeVar("B", bound=BaseModel)
 _VALIDATING = contextvars.ContextVar("featurelab_validating", default=False)
 
 
@@ -116,7 +118,7 @@ def one_line(exc: ValidationError, cls: type[BaseModel], where: str) -> Featurel
     return FeaturelabError(f"{key}{shown} is not allowed for {where}: {msg}")
 
 
-def validate(cls: type[BaseModel], values: dict, where: str):
+def validate(cls: type[B], values: dict, where: str) -> B:
     """Build `cls` from `values`; a validation failure becomes a one-line `FeaturelabError` about `where`
     (e.g. the experiment's name)."""
     return _checked(cls, where, lambda: cls.model_validate(values))

@@ -82,7 +82,8 @@ def _switch(net, i: int) -> tuple[float, float, float] | None:
         if not bool((s.leak == 1.0).all()):
             return None
         if after_conv:
-            c = net.shapes[i - 1][0]
+            shape = net.shapes[i - 1]  # the image the Flatten reads
+            c = shape[0] if isinstance(shape, tuple) else 1
             return float(min(c, s.weight.shape[1] // c)), 1.0, 0.0
         return 1.0, 1.0, 0.0
     if isinstance(s, Conv):

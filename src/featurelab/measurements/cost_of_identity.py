@@ -49,15 +49,17 @@ class KernelMetric:
     S: torch.Tensor
     gamma: float
     method: str
-    factor: object
+    factor: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
     jitter: float
     eigenvalues: torch.Tensor
 
     def whiten(self, M: torch.Tensor) -> torch.Tensor:
         """Z with ``⟨M, M'⟩ = Σ Z ⊙ Z'`` (see the module docstring). M: ``N x k``."""
         if self.method == "cholesky":
+            assert isinstance(self.factor, torch.Tensor)
             return torch.linalg.solve_triangular(self.factor, M, upper=False)
         if self.method == "woodbury":
+            assert isinstance(self.factor, tuple)
             U, s = self.factor
             C = U.T @ M
             return torch.cat([C / torch.sqrt(s**2 + self.gamma)[:, None], (M - U @ C) / self.gamma**0.5])

@@ -23,6 +23,7 @@ import torch
 
 from ..checks import as_matrix, int_at_least, non_negative, positive
 from ..errors import FeaturelabError
+from ..models.mlp import MLP
 from .ranks import singular_values, stable_rank
 
 
@@ -34,18 +35,13 @@ def as_weights(weights, X: torch.Tensor | None = None, batched: bool = False) ->
     each may carry the same leading restart dimension R). X: ``N x d_in`` (rows are samples) to check
     W_1 against. Raises a one-line `FeaturelabError` for biases, L < 2 or shapes that do not chain.
     """
-    if isinstance(weights, torch.nn.Module):
-        bias = getattr(weights, "bias", 0.0)
-        if bias:
+    if isinstance(weights, MLP):
+        if weights.bias:
             raise FeaturelabError(
-                f"weights is an MLP with bias={bias!r}; the localized loss of docs/theory/saddle-to-saddle.md "
-                "needs a bias-free ReLU MLP (bias=0.0)"
+                f"weights is an MLP with bias={weights.bias!r}; the localized loss of "
+                "docs/theory/saddle-to-saddle.md needs a bias-free ReLU MLP (bias=0.0)"
             )
-        if (
-            getattr(weights, "leak", 0.0) != 0.0
-            or getattr(weights, "activation", "leaky_relu") != "leaky_relu"
-            or getattr(weights, "linear_tail", 0)
-        ):
+        if weights.leak != 0.0 or weights.activation != "leaky_relu" or weights.linear_tail:
             raise FeaturelabError(
                 "weights is an MLP that is not a plain ReLU net (leak=0, activation='leaky_relu', "
                 "linear_tail=0), as docs/theory/saddle-to-saddle.md needs"
@@ -112,7 +108,7 @@ def forward(Ws: list[torch.Tensor], X: torch.Tensor) -> tuple[list[torch.Tensor]
 
 
 def _sq_norm(Ws: list[torch.Tensor]) -> torch.Tensor:
-    return sum((W**2).sum((-2, -1)) for W in Ws)
+    return torch.stack([(W**2).sum((-2, -1)) for W in Ws]).sum(0)
 
 
 def _L0(Ws: list[torch.Tensor], X: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
@@ -299,7 +295,7 @@ def find_escape_directions(
             grads = torch.autograd.grad(l0.sum(), Ws)
             eta = lr * (1 + math.cos(math.pi * k / steps)) / 2
             with torch.no_grad():
-                radial = sum((g * W).sum((-2, -1)) for g, W in zip(grads, Ws))[:, None, None] / L
+                radial = torch.stack([(g * W).sum((-2, -1)) for g, W in zip(grads, Ws)]).sum(0)[:, None, None] / L
                 Ws = _to_sphere([W - eta * (g - radial * W) for g, W in zip(grads, Ws)], L)
         Ws = [W.detach() for W in Ws]
     speeds = _speed(Ws, X, G)

@@ -14,6 +14,7 @@ from torch.func import functional_call, jacrev, vmap
 
 from ..checks import as_matrix, non_negative
 from ..errors import FeaturelabError
+from ..models.mlp import MLP
 from ..runtime import float64_copy
 from .ranks import numerical_rank
 
@@ -28,7 +29,7 @@ def _inputs(x, model: torch.nn.Module) -> tuple[torch.Tensor, bool]:
     """x as an ``N x d_in`` float64 matrix on the model's device, and whether it was a single sample."""
     single = isinstance(x, torch.Tensor) and x.ndim == 1
     X = as_matrix("x", x[None] if single else x)
-    d_in = model.dims[0] if hasattr(model, "dims") else getattr(model, "d_in", X.shape[1])
+    d_in = model.dims[0] if isinstance(model, MLP) else getattr(model, "d_in", X.shape[1])
     if X.shape[1] != d_in:
         raise FeaturelabError(f"x has {X.shape[1]} columns but the model takes d_in={d_in} inputs (rows are samples)")
     device = next(model.parameters()).device
@@ -74,7 +75,7 @@ def ntk_trace(model: torch.nn.Module, x) -> torch.Tensor:
 
     def trace(xi):
         grads = jacrev(lambda p: functional_call(model, {**p, **rest}, (xi[None],))[0])(params)
-        return sum((g**2).sum() for g in grads.values())
+        return torch.stack([(g**2).sum() for g in grads.values()]).sum()
 
     t = vmap(trace)(X)
     return t[0] if single else t
@@ -87,7 +88,7 @@ def ntk_trace_closed_form(model, x) -> torch.Tensor:
 
     x: ``N x d_in`` -> length-N tensor (a 1-D x -> 0-d). An independent cross-check of `ntk_trace`.
     """
-    if not hasattr(model, "weight_matrices") or not hasattr(model, "linear_tail"):
+    if not isinstance(model, MLP):
         raise FeaturelabError(f"ntk_trace_closed_form needs a featurelab MLP, got {type(model).__name__}")
     X, single = _inputs(x, model)
     net = float64_copy(model)

@@ -14,7 +14,7 @@ inverse is formed.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import torch
 
@@ -27,6 +27,10 @@ RTOL = 1e-10
 
 
 # ------------------------------------------------------------------------------------ inputs
+@overload
+def check_inputs(model, X, Y: None = None, homogeneous: bool = False) -> tuple[torch.Tensor, None]: ...
+@overload
+def check_inputs(model, X, Y, homogeneous: bool = False) -> tuple[torch.Tensor, torch.Tensor]: ...
 def check_inputs(model, X, Y=None, homogeneous: bool = False):
     """Validate an `MLP` and its data; return ``(X, Y)`` as float64 (Y: int labels kept as int64).
 

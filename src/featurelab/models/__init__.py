@@ -1,8 +1,9 @@
 """Models: deep fully-connected nets, Leaky ResNets and homogeneous conv/residual nets (rows are samples)."""
 
 from .conv import Conv
+from .forward import Forward
 from .leaky_resnet import LeakyResNet, adaptive_update, equidistant_steps, irregular_steps, project_steps
-from .mlp import MLP, Forward, leaky_relu, mlp_with_weights
+from .mlp import MLP, leaky_relu, mlp_with_weights
 from .residual import Dense, Flatten, HomogeneousNet, ResBlock, as_homogeneous
 
 __all__ = [
