@@ -88,4 +88,4 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict] 
     path = Path(folder) / "checkpoint.safetensors"
     if not path.exists():
         return None
-    return load_tensors(path), load_metadata(path)
+    return load_tensors(path), load_metadata(path) or {}
