@@ -11,7 +11,7 @@ import contextvars
 from typing import TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .errors import FeaturelabError
 
@@ -51,10 +51,25 @@ class Validated(BaseModel):
 
 
 class ExperimentConfig(Validated):
-    """Base of every experiment config: unknown keys are errors; `seed` is the master seed."""
+    """Base of every experiment config: unknown keys are errors; `seed` is the master seed.
+
+    A sub-config field (a pydantic model, e.g. a `featurelab.training.OptimizerConfig`) given as a partial
+    dict (a preset, ``--set optimizer.adam_lr=1e-3``) updates the field's default rather than replacing it.
+    """
 
     model_config = ConfigDict(validate_assignment=True)  # merged with Validated's extra="forbid"
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _update_sub_configs(cls, values):
+        if not isinstance(values, dict):
+            return values
+        out = dict(values)
+        for name, field in cls.model_fields.items():
+            if isinstance(out.get(name), dict) and isinstance(field.default, BaseModel):
+                out[name] = merge(field.default.model_dump(), out[name])
+        return out
 
 
 def parse_overrides(pairs: list[str]) -> dict:
