@@ -166,7 +166,8 @@ def bench_escape(restarts: int = 64, steps: int = 500) -> dict:
     from .data import circle_dataset
     from .measurements import find_escape_directions
 
-    X, G = circle_dataset(8)
+    data = circle_dataset(8)
+    X, G = data.X_train, -data.Y_train  # G = ∇(½‖Y - Y*‖²) at the origin
     search = partial(find_escape_directions, X, G, depth=3, width=10)
     search(restarts=2, seed=0, steps=2, tail=2)  # warm-up
     with Stopwatch() as batched:

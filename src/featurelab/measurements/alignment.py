@@ -126,10 +126,14 @@ def theorem2_constants(model) -> list[TailConstants]:
     return out[::-1]
 
 
-def theorem2_bounds(constants: list[TailConstants], model) -> dict[int, tuple[float, float, float]]:
+def theorem2_bounds(model, constants: list[TailConstants] | None = None) -> dict[int, tuple[float, float, float]]:
     """{stage: (ratio, derived bound, paper-style bound)} at the model's current parameters, with
-    bound = ρ_k - (E_k + ρ_k f_k)/‖B_k‖²_F (Part 5 §4 step 5; paper-style: ρ, E from (13)'s factors)."""
+    bound = ρ_k - (E_k + ρ_k f_k)/‖B_k‖²_F (Part 5 §4 step 5; paper-style: ρ, E from (13)'s factors).
+
+    constants: `theorem2_constants` computed at initialisation (the bound holds along the flow from there);
+    default: computed at the current parameters, i.e. taking them as the start."""
     net = as_homogeneous(model)
+    constants = theorem2_constants(net) if constants is None else constants
     mats = dict(zip([i for i, s in enumerate(net.stages) if not isinstance(s, Flatten)], net.weight_matrices()))
     out = {}
     with torch.no_grad():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call, jacrev, vmap
 
-from ..checks import as_matrix, non_negative
+from ..checks import as_matrix, non_negative, renamed
 from ..errors import FeaturelabError
 from ..models.mlp import MLP
 from ..runtime import float64_copy
@@ -48,14 +48,15 @@ def jacobian(model: torch.nn.Module, x) -> torch.Tensor:
     return J[0] if single else J
 
 
-def jacobian_ranks(model: torch.nn.Module, x, tol: float = 1e-3) -> torch.Tensor:
-    """Numerical rank #{i: s_i(Jf(x)) > tol·s_1} at each sample (Part 2 §3.2, relative for Jacobians).
+@renamed(tol="rtol")
+def jacobian_ranks(model: torch.nn.Module, x, *, rtol: float = 1e-3) -> torch.Tensor:
+    """Numerical rank #{i: s_i(Jf(x)) > rtol·s_1} at each sample (Part 2 §3.2, relative for Jacobians).
 
     x: ``N x d_in`` -> int64 tensor of length N (a 1-D x -> a 0-d tensor). Rank_J(f; Ω) is its maximum.
     """
-    non_negative("tol", tol)
+    non_negative("rtol", rtol)
     J = jacobian(model, x)
-    ranks = [numerical_rank(Ji, tol) for Ji in (J[None] if J.ndim == 2 else J)]
+    ranks = [numerical_rank(Ji, rtol=rtol) for Ji in (J[None] if J.ndim == 2 else J)]
     out = torch.tensor(ranks, dtype=torch.int64)
     return out[0] if J.ndim == 2 else out
 

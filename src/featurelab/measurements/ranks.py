@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import as_matrix, non_negative
+from ..checks import as_matrix, non_negative, renamed
 
 
 def singular_values(M, k: int | None = None) -> torch.Tensor:
@@ -29,17 +29,21 @@ def nuclear_rank(M) -> float:
     return float(s.sum() ** 2 / (s**2).sum()) if s.numel() and s[0] > 0 else 0.0
 
 
-def effective_rank(M, rel: float = 0.1) -> int:
-    """#{i : s_i >= rel·s_1} (Part 1 §3.6, the "k* large singular values" count); 0 for the zero matrix."""
-    non_negative("rel", rel)
+@renamed(rel="rtol")
+def effective_rank(M, *, rtol: float = 0.1) -> int:
+    """#{i : s_i >= rtol·s_1} (Part 1 §3.6, the "k* large singular values" count); 0 for the zero matrix."""
+    non_negative("rtol", rtol)
     s = singular_values(M)
-    return int((s >= rel * s[0]).sum()) if s.numel() and s[0] > 0 else 0
+    return int((s >= rtol * s[0]).sum()) if s.numel() and s[0] > 0 else 0
 
 
-def numerical_rank(M, tol: float = 1e-3, relative: bool = True) -> int:
-    """#{i : s_i > tol·s_1} (relative) or #{i : s_i > tol} (absolute) (Part 2 §3.2-3.3)."""
-    non_negative("tol", tol)
+@renamed(tol="rtol")
+def numerical_rank(M, *, rtol: float = 1e-3, atol: float = 0.0) -> int:
+    """#{i : s_i > max(rtol·s_1, atol)} (Part 2 §3.2-3.3: relative for Jacobians; ``rtol=0, atol=t`` is the
+    absolute count #{s_i > t})."""
+    non_negative("rtol", rtol)
+    non_negative("atol", atol)
     s = singular_values(M)
     if not s.numel() or s[0] == 0:
         return 0
-    return int((s > (tol * s[0] if relative else tol)).sum())
+    return int((s > max(rtol * float(s[0]), atol)).sum())

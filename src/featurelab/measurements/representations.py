@@ -14,13 +14,15 @@ inverse is formed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple, overload
 
 import torch
 
-from ..checks import as_matrix, non_negative, positive, same_rows
+from ..checks import as_matrix, non_negative, positive, renamed, same_rows
 from ..errors import FeaturelabError
 from ..models.mlp import MLP, mlp_with_weights
+from ..results import Result
 from ..training.objectives import data_cost
 
 RTOL = 1e-10
@@ -117,7 +119,8 @@ def sigma_prime(model: MLP, Z: torch.Tensor, layer: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- Prop. 1 reformulation
-class RepresentationLoss(NamedTuple):
+@dataclass(frozen=True)
+class RepresentationLoss(Result):
     """L^rep of Part 3 Prop. 1 evaluated at the representations of a network.
 
     loss = cost + lam·Σ norms; norms[l-1] = ‖W_l^min‖² = ‖A_{l-1}⁺ Z_l‖²;
@@ -175,7 +178,8 @@ def regularized_loss(model: MLP, X, Y, lam: float, objective: str | None = None)
 
 
 # ----------------------------------------------------------------------------------- forces
-class LayerForces(NamedTuple):
+@dataclass(frozen=True)
+class LayerForces(Result):
     """Forces on the representation ``Z_l`` (``N x n_l``) of layer `layer` (Part 3 §2, plotted as -λ∇).
 
     attraction: ``F^att = -λ∇a_l`` with ``a_l = ‖Z_l(Z^σ_{l-1})⁺‖²`` (points toward the origin).
@@ -244,7 +248,8 @@ def principal_view(F: LayerForces, view: str = "datapoint", k: int = 2, max_poin
 
 
 # ----------------------------------------------------------------------------- covariance pairs
-class CovariancePair(NamedTuple):
+@dataclass(frozen=True)
+class CovariancePair(Result):
     """The covariance pair of hidden layer `layer` (Part 3 §3): K = Z Zᵀ and K^σ = σ(Z)σ(Z)ᵀ + β²11ᵀ (N x N)."""
 
     layer: int
@@ -267,11 +272,12 @@ def covariance_pairs(model: MLP, X) -> list[CovariancePair]:
 
 
 # ---------------------------------------------------------------- projected GD on representations
+@renamed(eps_rel="rtol")
 def tikhonov_loss(
-    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, objective: str | None = None, eps_rel: float = 1e-8
+    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, objective: str | None = None, *, rtol: float = 1e-8
 ) -> torch.Tensor:
     """L^rep of free representations in the Tikhonov form C(Z_L) + λ Σ Tr[Z_lᵀ (K^σ_{l-1} + εI)^-1 Z_l]
-    with ε = eps_rel·Tr K^σ_{l-1}/N (Part 3 §2 "Stable evaluation"), differentiable in `Zs`.
+    with ε = rtol·Tr K^σ_{l-1}/N (Part 3 §2 "Stable evaluation"), differentiable in `Zs`.
 
     Zs: ``[Z_1..Z_L]``, ``Z_l`` is ``N x n_l`` (rows samples; the architecture's σ and β are `model`'s).
     Solves go through a Cholesky factor of ``K^σ + εI``.
@@ -280,7 +286,7 @@ def tikhonov_loss(
     for l, Z in enumerate(Zs, start=1):
         A = model.with_bias(a)
         Ks = A @ A.T
-        eps = eps_rel * torch.trace(Ks).detach() / Ks.shape[0]
+        eps = rtol * torch.trace(Ks).detach() / Ks.shape[0]
         C = torch.linalg.cholesky(Ks + eps * torch.eye(Ks.shape[0], dtype=Ks.dtype))
         total = total + (torch.linalg.solve_triangular(C, Z, upper=False) ** 2).sum()
         if l < len(Zs):

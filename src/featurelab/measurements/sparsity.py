@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..checks import int_at_least, positive
+from ..checks import int_at_least, positive, renamed
 from ..errors import FeaturelabError
 from ..models.mlp import MLP, mlp_with_weights
 from .representations import RTOL, check_inputs, layers, row_basis
@@ -43,21 +43,22 @@ def _replace_layer(weights, l: int, W_in: torch.Tensor, W_out: torch.Tensor, bia
 
 
 # ------------------------------------------------------------------------------ 5a: merge
-def merge_aligned_neurons(model: MLP, X, tol: float = 1e-9) -> tuple[MLP, pd.DataFrame]:
+@renamed(tol="atol")
+def merge_aligned_neurons(model: MLP, X, *, atol: float = 1e-9) -> tuple[MLP, pd.DataFrame]:
     """Delete dead neurons and merge neurons with proportional σ-vectors (docs/theory/sparsity.md §5a).
 
-    In each hidden layer (in order), neurons whose σ-vectors ``a_i = σ(Z_l)[:, i]`` have cosine >= 1 - tol
+    In each hidden layer (in order), neurons whose σ-vectors ``a_i = σ(Z_l)[:, i]`` have cosine >= 1 - atol
     with a group leader s are merged: ``c_i = ⟨a_i, s⟩/‖s‖²``, ``w = w_r/c_r`` with ``r = argmin ‖w_i‖/c_i``,
     ``u = Σ c_i v_i``, ``t = (‖u‖/‖w‖)^½``, new neuron ``(t w, u/t)``. Because σ is positively homogeneous the
-    training outputs are unchanged when the σ-vectors are exactly proportional (tol = 1e-9, "exact mode");
-    with tol = 1e-3 ("approximate mode") they change and the report says by how much. The parameter norm
+    training outputs are unchanged when the σ-vectors are exactly proportional (atol = 1e-9, "exact mode");
+    with atol = 1e-3 ("approximate mode") they change and the report says by how much. The parameter norm
     does not increase: ``2‖w‖‖u‖ <= Σ 2‖w_i‖‖v_i‖ <= Σ(‖w_i‖² + ‖v_i‖²)``.
 
     X: ``N x d_in`` training inputs. Returns the merged float64 `MLP` and a report with one row per hidden
     layer: width_before, dead, width_after, sq_norm (‖θ‖² after this layer), output_error (max|Δf|/max|f|).
     """
     X, _ = check_inputs(model, X, homogeneous=True)
-    positive("tol", tol)
+    positive("atol", atol)
     lay = layers(model, X)
     W, ref = list(lay.weights), lay.pre[-1]
     rows = [
@@ -80,7 +81,7 @@ def merge_aligned_neurons(model: MLP, X, tol: float = 1e-9) -> tuple[MLP, pd.Dat
         for i in alive:
             if i not in left:
                 continue
-            group = [j for j in alive if j in left and cos[i, j] >= 1 - tol]
+            group = [j for j in alive if j in left and cos[i, j] >= 1 - atol]
             left -= set(group)
             s = S[:, i]
             c = torch.stack([S[:, j] @ s for j in group]) / (s @ s)

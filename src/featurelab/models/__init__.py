@@ -5,6 +5,7 @@ from .forward import Forward
 from .leaky_resnet import LeakyResNet, adaptive_update, equidistant_steps, irregular_steps, project_steps
 from .mlp import MLP, leaky_relu, mlp_with_weights
 from .residual import Dense, Flatten, HomogeneousNet, ResBlock, as_homogeneous
+from .weights import weight_list
 
 __all__ = [
     # fully-connected nets (Parts 2-5)
@@ -12,6 +13,7 @@ __all__ = [
     "Forward",
     "leaky_relu",
     "mlp_with_weights",
+    "weight_list",
     # Leaky ResNets and their layer steps (Part 1)
     "LeakyResNet",
     "equidistant_steps",
