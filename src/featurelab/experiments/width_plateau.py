@@ -222,7 +222,7 @@ def shrink(model, data: Dataset, objective: str, lam: float) -> dict:
         "reduced_rank": report["rank"].tolist(),
         "gram_error": float(report["gram_error"].max()),
         "reduced_output_error": float((out_r - out).abs().max() / out.abs().max()),
-        "reduced_loss": regularized_loss(reduced, X, Y, lam, objective),
+        "reduced_loss": regularized_loss(reduced, X, Y, lam, objective=objective),
     }
 
 

@@ -137,7 +137,7 @@ class RepresentationLoss(Result):
 
 
 def representation_loss(
-    model: MLP, X, Y, lam: float, objective: str | None = None, form: str = "projection", rtol: float = RTOL
+    model: MLP, X, Y, lam: float, *, objective: str | None = None, form: str = "projection", rtol: float = RTOL
 ) -> RepresentationLoss:
     """L^rep(Z_1..Z_L) = C(Z_L) + λ Σ_l ‖Z_l (Z^σ_{l-1})⁺‖² at ``Z = Z(θ)`` (docs/theory/sparsity.md §2, Prop. 1).
 
@@ -168,7 +168,7 @@ def representation_loss(
     return RepresentationLoss(cost + lam * sum(norms), cost, norms, weights, ranks, conds)
 
 
-def regularized_loss(model: MLP, X, Y, lam: float, objective: str | None = None) -> float:
+def regularized_loss(model: MLP, X, Y, lam: float, *, objective: str | None = None) -> float:
     """L_λ(θ) = C(f_θ(X)) + λ‖θ‖² in float64 (Part 3 §1), the loss the trainer minimizes."""
     X, Y = check_inputs(model, X, Y)
     lam = non_negative("lam", lam)
@@ -195,7 +195,9 @@ class LayerForces(Result):
     balance: float
 
 
-def layer_forces(model: MLP, X, Y, lam: float, objective: str | None = None, rtol: float = RTOL) -> list[LayerForces]:
+def layer_forces(
+    model: MLP, X, Y, lam: float, *, objective: str | None = None, rtol: float = RTOL
+) -> list[LayerForces]:
     """Attraction and repulsion on every layer's representation, explicit formulas (Part 3 §2 "Forces").
 
     Rows are samples; in our layout (the papers' formulas transposed)
@@ -274,7 +276,7 @@ def covariance_pairs(model: MLP, X) -> list[CovariancePair]:
 # ---------------------------------------------------------------- projected GD on representations
 @renamed(eps_rel="rtol")
 def tikhonov_loss(
-    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, objective: str | None = None, *, rtol: float = 1e-8
+    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, *, objective: str | None = None, rtol: float = 1e-8
 ) -> torch.Tensor:
     """L^rep of free representations in the Tikhonov form C(Z_L) + λ Σ Tr[Z_lᵀ (K^σ_{l-1} + εI)^-1 Z_l]
     with ε = rtol·Tr K^σ_{l-1}/N (Part 3 §2 "Stable evaluation"), differentiable in `Zs`.
@@ -294,7 +296,7 @@ def tikhonov_loss(
     return data_cost(default_objective(Y, objective), Zs[-1], Y) + lam * total
 
 
-def project_representations(model: MLP, X, Zs: list[torch.Tensor], rtol: float = RTOL) -> list[torch.Tensor]:
+def project_representations(model: MLP, X, Zs: list[torch.Tensor], *, rtol: float = RTOL) -> list[torch.Tensor]:
     """Π of Part 3 §2: for l = 1..L in order, ``Z_l <- A_{l-1} A_{l-1}⁺ Z_l`` (paper: Z_ℓ(Z^σ)⁺Z^σ), where
     ``A_{l-1}`` is built from the already projected ``Z_{l-1}``. Rows are samples; returns new tensors."""
     a, out = X, []
@@ -307,7 +309,7 @@ def project_representations(model: MLP, X, Zs: list[torch.Tensor], rtol: float =
 
 
 def projected_gd_step(
-    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, lr: float, objective: str | None = None
+    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, lr: float, *, objective: str | None = None
 ) -> list[torch.Tensor]:
     """One step ``Z <- Π(Z - lr ∇L^rep)`` of projected gradient descent on representations (Part 3 §2).
 
@@ -324,13 +326,13 @@ def projected_gd_step(
         same_rows("X", X, "Z", Z)
         if Z.shape[1] != n:
             raise FeaturelabError(f"a representation has {Z.shape[1]} columns but its layer has width {n}")
-    grads = torch.autograd.grad(tikhonov_loss(model, X, Zs, Y, lam, objective), Zs)
+    grads = torch.autograd.grad(tikhonov_loss(model, X, Zs, Y, lam, objective=objective), Zs)
     with torch.no_grad():
         return project_representations(model, X, [Z - lr * g for Z, g in zip(Zs, grads)])
 
 
 def weights_from_representations(
-    model: MLP, X, Zs: list[torch.Tensor], rtol: float = RTOL
+    model: MLP, X, Zs: list[torch.Tensor], *, rtol: float = RTOL
 ) -> tuple[list[torch.Tensor], list[float]]:
     """θ(Z) = (Z_l (Z^σ_{l-1})⁺)_l, the min-norm weights of Prop. 1, via ``lstsq`` (gelsd, rcond = rtol).
 
@@ -350,7 +352,7 @@ def weights_from_representations(
 
 
 def representation_descent(
-    model: MLP, X, Y, lam: float, lr: float, steps: int, objective: str | None = None
+    model: MLP, X, Y, lam: float, lr: float, steps: int, *, objective: str | None = None
 ) -> tuple[MLP, list[float]]:
     """Projected gradient descent on the representations as an optimizer (Part 3 §2, experimental).
 
@@ -361,10 +363,10 @@ def representation_descent(
 
     X, Y = check_inputs(model, X, Y)
     Zs = layers(model, X).pre
-    history = [representation_loss(model, X, Y, lam, objective).loss]
+    history = [representation_loss(model, X, Y, lam, objective=objective).loss]
     for _ in range(steps):
-        Zs = projected_gd_step(model, X, Zs, Y, lam, lr, objective)
+        Zs = projected_gd_step(model, X, Zs, Y, lam, lr, objective=objective)
         net = mlp_with_weights(model, weights_from_representations(model, X, Zs)[0])
-        history.append(representation_loss(net, X, Y, lam, objective).loss)
+        history.append(representation_loss(net, X, Y, lam, objective=objective).loss)
     net = mlp_with_weights(model, weights_from_representations(model, X, Zs)[0])
     return net, history

@@ -178,7 +178,7 @@ def caratheodory_weights(null: torch.Tensor) -> torch.Tensor:
     return a
 
 
-def caratheodory_reduce(model: MLP, X, rtol: float = NULL_RTOL) -> tuple[MLP, pd.DataFrame]:
+def caratheodory_reduce(model: MLP, X, *, rtol: float = NULL_RTOL) -> tuple[MLP, pd.DataFrame]:
     """Exact width reduction keeping every hidden layer's covariance pair (docs/theory/sparsity.md §5b, Lemma 10).
 
     For each hidden layer l in order: drop dead neurons (zero σ-vector), find the null space of the
