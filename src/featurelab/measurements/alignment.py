@@ -27,6 +27,7 @@ import torch
 
 from ..models.conv import Conv
 from ..models.residual import Dense, Flatten, ResBlock, as_homogeneous
+from ..results import Result
 from .invariances import PARAM, invariants
 from .ranks import singular_values, stable_rank
 
@@ -62,8 +63,8 @@ def adjacent_alignment(model) -> dict[str, float]:
     return out
 
 
-@dataclass
-class TailConstants:
+@dataclass(frozen=True)
+class TailConstants(Result):
     """Constants of the derived and paper-style Theorem 2 bounds for one stage k, frozen at a reference."""
 
     stage: int

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import as_matrix, non_negative, one_of
+from ..results import Result
 
 GAMMA_MODES = ("relative", "absolute")
 METHODS = ("auto", "cholesky", "woodbury")
@@ -36,8 +37,8 @@ def features(A: torch.Tensor, bias: bool = True) -> torch.Tensor:
     return torch.cat([relu, torch.ones_like(A[:, :1])], dim=1) if bias else relu
 
 
-@dataclass
-class KernelMetric:
+@dataclass(frozen=True)
+class KernelMetric(Result):
     """The inner product ``⟨M, M'⟩_(K+γI)`` of one representation's kernel (Part 1 §0, §3.7).
 
     S: the features σ(A) (``N x m``), K = S Sᵀ.  gamma: the absolute γ used.  method: "cholesky", "woodbury"

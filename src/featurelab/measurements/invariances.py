@@ -259,19 +259,20 @@ def active_units(model, X, junctions: list[Junction]) -> tuple[dict, dict]:
     return active, pattern
 
 
-def risk_gradient(model, X, Y, objective: str) -> list[torch.Tensor]:
+def risk_gradient(model, X, Y, *, objective: str) -> list[torch.Tensor]:
     """∇R for R = data_cost(objective, f(X), Y) (rows = samples), one tensor per parameter."""
     net = as_homogeneous(model)
     params = list(net.parameters())
     return list(torch.autograd.grad(data_cost(objective, net(X), Y), params))
 
 
-def flow_derivative(fn: Callable[[Getter], torch.Tensor], model, X, Y, objective: str) -> torch.Tensor:
-    """d/dt fn(θ) under gradient flow θ' = -∇R, by forward-mode autodiff (torch.func.jvp), Part 5 §3."""
+def flow_derivative(model, X, Y, fn: Callable[[Getter], torch.Tensor], *, objective: str) -> torch.Tensor:
+    """d/dt fn(θ) under gradient flow θ' = -∇R, by forward-mode autodiff (torch.func.jvp), Part 5 §3;
+    fn maps a parameter getter to a tensor (an invariant's value)."""
     net = as_homogeneous(model)
     params = list(net.parameters())
     index = {id(p): k for k, p in enumerate(params)}
-    tangents = tuple(-g.detach() for g in risk_gradient(net, X, Y, objective))
+    tangents = tuple(-g.detach() for g in risk_gradient(net, X, Y, objective=objective))
     return torch.func.jvp(lambda *ts: fn(lambda p: ts[index[id(p)]]), tuple(p.detach() for p in params), tangents)[1]
 
 
@@ -290,7 +291,7 @@ def gram_difference(model, stage: int, get: Getter = PARAM) -> torch.Tensor:
     return Wl @ Wl.T - Wn.T @ Wn
 
 
-def noninvariance_flow(model, X, Y, objective: str, stage: int) -> torch.Tensor:
+def noninvariance_flow(model, X, Y, stage: int, *, objective: str) -> torch.Tensor:
     """Φ = dI/dt under gradient flow for I of `gram_difference` (Lemma 4, Part 5 §3; formula ours):
 
         Φ_uv = -Σ_i (∂R/∂f_i)(s_{v,i} - s_{u,i})(g_{v,i} z_{u,i} - g_{u,i} z_{v,i}),
