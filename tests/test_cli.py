@@ -34,7 +34,7 @@ def test_run_folder_is_complete(tiny_run):
     for name in ("bottleneck_spectra", "training_curves"):
         assert (out / "figures" / f"{name}.png").exists() and (out / "figures" / f"{name}.svg").exists()
     claims = json.loads((out / "claims.json").read_text())
-    assert claims and set(claims[0]) == {"statement", "reference", "expected", "measured", "tolerance", "passed"}
+    assert claims and set(claims[0]) == {"id", "statement", "reference", "expected", "measured", "tolerance", "passed"}
     assert isinstance(claims[0]["passed"], bool)
     results = json.loads((out / "results.json").read_text())
     assert results["claims_total"] == len(claims) and "torch" in results["versions"]
