@@ -108,7 +108,7 @@ def test_width_k_layer_caps_jacobian_rank(gen):
     for k in (1, 2, 3):
         net = random_net(gen, depth=4, widths=[8, k, 8], d_in=6, d_out=5)
         X = torch.randn(20, 6, generator=gen, dtype=torch.float64)
-        ranks = jacobian_ranks(net, X, tol=1e-10)
+        ranks = jacobian_ranks(net, X, rtol=1e-10)
         assert int(ranks.max()) <= k
         assert int(ranks.max()) == k  # leaky σ (a != 0) keeps every D_l invertible: generically rank k
 
@@ -128,7 +128,7 @@ def test_bottleneck_rank_reads_middle_spectra(gen):
         for W in net.weight_matrices()[2:6]:
             U, s, Vh = torch.linalg.svd(W)
             W.copy_(U[:, :2] @ Vh[:2] + 0.05 * U[:, 2:3] @ Vh[2:3])  # singular values 1, 1, 0.05
-    est = bottleneck_rank(net, threshold=0.1)
+    est = bottleneck_rank(net, atol=0.1)
     assert est.layers == [2, 3, 4, 5, 6] and est.k_mid == 2
 
 

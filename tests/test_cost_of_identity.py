@@ -37,7 +37,7 @@ def test_stable_ranks_closed_forms():
     A = torch.diag(torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64))
     assert fl.measurements.stable_rank(A) == pytest.approx(14 / 9)
     assert fl.measurements.nuclear_rank(A) == pytest.approx(36 / 14)
-    assert fl.measurements.effective_rank(A, 0.5) == 2
+    assert fl.measurements.effective_rank(A, rtol=0.5) == 2
 
 
 def test_prop2_non_negative_low_rank_representation(gen):

@@ -8,9 +8,9 @@ import torch
 
 from featurelab import MLP, FeaturelabError
 from featurelab.data import circle_dataset
-from featurelab.experiments.escape_circle import eq6_curve, rank_one_curve
 from featurelab.measurements import (
     blowup_time,
+    eq6_curve,
     escape_norm,
     escape_speed,
     escape_time,
@@ -21,6 +21,7 @@ from featurelab.measurements import (
     prop33_check,
     prop34_check,
     rank_one_chain,
+    rank_one_curve,
     second_singular_bound,
     theorem31_bound,
     theorem31_check,
@@ -99,18 +100,26 @@ def test_speed_bound_on_sphere(gen):
 
 
 # ------------------------------------------------------------------------- §5 Example 1
+def circle(flip: bool = False):
+    """Example 1's ``(X, G)``: G = ∇(½‖Y - Y*‖²) at Y = 0 = -Y*."""
+    data = circle_dataset(flip=flip)
+    return data.X_train, -data.Y_train
+
+
 def test_circle_dataset_snapped():
-    X, G = circle_dataset()
+    X, G = circle()
     assert X.shape == (8, 2) and G.shape == (8, 1)
     assert (X[3] == torch.tensor([0.0, -1.0], dtype=torch.float64)).all() and X[7, 0] == 0.0
     assert float(torch.linalg.norm(X)) == pytest.approx(2 * math.sqrt(2), rel=1e-15)
     assert float(torch.linalg.norm(G)) == pytest.approx(2 * math.sqrt(2), rel=1e-15)
     assert G[0, 0] == -1 and G[1, 0] == 1
-    assert torch.equal(circle_dataset(flip=True)[1], -G)
+    assert torch.equal(circle(flip=True)[1], -G)
+    data = circle_dataset()
+    assert data.n_classes is None and data.d_out == 1 and len(data.X_test) == 0
 
 
 def test_example1_rank_one_curve():
-    X, G = circle_dataset()
+    X, G = circle()
     phi = torch.linspace(0, 2 * math.pi, 8 * 500 + 1, dtype=torch.float64).numpy()
     S = rank_one_curve(phi)
     assert abs(S.max() - SQ2M1) < 1e-9
@@ -124,7 +133,7 @@ def test_example1_rank_one_curve():
 
 
 def test_example1_rank_one_is_exact_escape_direction():
-    X, G = circle_dataset()
+    X, G = circle()
     rho = [W.requires_grad_(True) for W in rank_one()]
     l0 = localized_loss(rho, X, G)
     assert float(l0.detach()) == pytest.approx(1 - math.sqrt(2), abs=1e-15)
@@ -136,14 +145,14 @@ def test_example1_rank_one_is_exact_escape_direction():
 
 
 def test_example1_rank_two_optimum():
-    X, G = circle_dataset()
+    X, G = circle()
     Ws = rank_two()
     assert float(localized_loss(Ws, X, G)) == pytest.approx(-0.5, abs=1e-12)
     assert sq_norm(Ws) == pytest.approx(3.0, abs=1e-12)
     assert escape_speed(Ws, X, G) == pytest.approx(0.5, abs=1e-12)
-    assert [numerical_rank(W, 1e-9) for W in Ws] == [2, 1, 1]
+    assert [numerical_rank(W, rtol=1e-9) for W in Ws] == [2, 1, 1]
     Z1s = torch.relu(X @ Ws[0].T)
-    assert numerical_rank(Z1s, 1e-9) == 4
+    assert numerical_rank(Z1s, rtol=1e-9) == 4
     d = layer_diagnostics(Ws, X)
     assert d["r_Z"][1] == pytest.approx(0.625, abs=1e-12)
     assert d["r_Z"][2] == pytest.approx(0.0, abs=1e-12)
@@ -152,7 +161,7 @@ def test_example1_rank_two_optimum():
     assert d["singular_values"][0] == pytest.approx([0.5**0.5] * 2, abs=1e-12)
     # the paper's printed W_3 = [+1] escapes for the flipped G (§8.3)
     flipped = Ws[:2] + [-Ws[2]]
-    assert float(localized_loss(flipped, X, circle_dataset(flip=True)[1])) == pytest.approx(-0.5, abs=1e-12)
+    assert float(localized_loss(flipped, X, circle(flip=True)[1])) == pytest.approx(-0.5, abs=1e-12)
     # padding to width 4 changes nothing
     padded = [
         torch.cat([Ws[0], torch.zeros(0, 2, dtype=torch.float64)]),
@@ -164,7 +173,7 @@ def test_example1_rank_two_optimum():
 
 def test_figure2_width_sweep():
     """A1, R = 20: width 2 never beats √2-1; width 64 mostly reaches 1/2; nothing exceeds 1/2 (§5, §7)."""
-    X, G = circle_dataset()
+    X, G = circle()
     frac, best = {}, {}
     for w in (2, 8, 64):
         res = find_escape_directions(X, G, 3, w, restarts=20, steps=4000, seed=1)
@@ -181,7 +190,7 @@ def test_figure2_width_sweep():
 
 def test_batched_restarts_equal_single_runs():
     """One batched search of 3 restarts = 3 single searches from the same starts."""
-    X, G = circle_dataset()
+    X, G = circle()
     gen = torch.Generator().manual_seed(5)
     init = [
         torch.randn(3, 4, 2, generator=gen, dtype=torch.float64),
@@ -195,9 +204,9 @@ def test_batched_restarts_equal_single_runs():
 
 
 def test_rank_one_search_tops_out_at_sqrt2_minus_1():
-    X, G = circle_dataset()
+    X, G = circle()
     res = find_escape_directions(X, G, 3, 4, restarts=12, steps=3000, rank_one=True, seed=2)
-    assert [numerical_rank(W, 1e-9) for W in res.run(0)] == [1, 1, 1]
+    assert [numerical_rank(W, rtol=1e-9) for W in res.run(0)] == [1, 1, 1]
     assert abs(float(res.speeds.max()) - SQ2M1) < 1e-6
     assert float(res.speeds.max()) <= SQ2M1 + 1e-9
 
@@ -241,14 +250,14 @@ def test_prop22_corrected_escape_norm(L):
 
 
 def test_prop22_at_kinks():
-    X, G = circle_dataset()
+    X, G = circle()
     _check_flow(rank_one(), X, G, 3, 5e-3, n=4000)  # explicit RK4 slides along the kink: O(h) error
 
 
 # ------------------------------------------------------------------------ §3 Prop 3.2
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_prop32_extends_rank_two_optimum(k):
-    X, G = circle_dataset()
+    X, G = circle()
     new = extend_depth(rank_two(), X, G, k)
     assert len(new) == 3 + k
     assert sq_norm(new) == pytest.approx(3 + k, abs=1e-12)
@@ -274,7 +283,7 @@ def test_prop32_random_nets(gen):
         assert float(localized_loss(raw, X, G)) <= l0 + 1e-10
         assert sq_norm(raw) <= L + k + 1e-10
         assert escape_speed(extend_depth(Ws, X, G, k), X, G) >= escape_speed(Ws, X, G) - 1e-10
-        assert all(numerical_rank(W, 1e-9) == 1 for W in raw[L - 2 :])
+        assert all(numerical_rank(W, rtol=1e-9) == 1 for W in raw[L - 2 :])
         pre = forward(raw, X)[0]
         assert all((z >= -1e-12).all() for z in pre[L - 1 : L + k - 1])
         checked += 1
@@ -294,8 +303,8 @@ def test_prop34_sum_form_on_random_nets(gen):
         if l0 > 0:
             Ws[-1] = -Ws[-1]
         r = prop34_check(Ws, X, G, p=0.5)
-        assert r["holds"] and r["count_holds"]
-        worst = max(worst, -r["slack"])
+        assert r.passed and r.count_passed
+        worst = max(worst, -r.slack)
     assert worst <= 0
 
 
@@ -315,20 +324,21 @@ def test_prop33_near_rank_one_input(gen):
     )
     res = find_escape_directions(X, G, L, w, restarts=1, steps=6000, init=chain)
     check = prop33_check(res.run(0), X, G, u, v, eps)
-    assert check["precondition"]
-    assert check["max_ratio"] <= check["bound"]
+    assert check.precondition
+    assert check.measured <= check.bound
 
 
 # ------------------------------------------------------------------------ §3 Thm 3.1
 def test_theorem31_example1_is_vacuous():
-    X, G = circle_dataset()
-    c, B = theorem31_bound(X, G, 0.5, 1420)
+    X, G = circle()
+    thm = theorem31_bound(X, G, 0.5, 1420)
+    c, B = thm.c, thm.bounds
     assert c == pytest.approx(16 * math.sqrt(2 * math.log(16)), abs=1e-12)
     assert c == pytest.approx(37.677, abs=1e-3)
     assert all(math.isinf(b) for b in B[:1419]) and math.isfinite(B[1419])
     Ws = rank_two()
     d = layer_diagnostics(Ws, X)
-    _, B3 = theorem31_bound(X, G, 0.5, 3)
+    B3 = theorem31_bound(X, G, 0.5, 3).bounds
     assert all(r <= b for r, b in zip(d["r_W"], B3))
 
 
@@ -386,7 +396,7 @@ def test_theorem31_on_optima_found_by_projected_gd():
 
 # ------------------------------------------------------------------------ bad input
 def test_bad_input_is_one_line_error(gen):
-    X, G = circle_dataset()
+    X, G = circle()
     biased = MLP(2, 1, 4, 3, bias=1.0)
     cases = [
         (lambda: localized_loss(biased, X, G), "bias"),

@@ -74,7 +74,7 @@ def test_fact4_flow_derivative_of_invariants_vanishes(gen, kind, objective):
     assert {"vertex", "cut"} <= kinds
     out_of_scope = []
     for inv in found.items:
-        rate = flow_derivative(inv.value, net, X, Y, objective)
+        rate = flow_derivative(net, X, Y, inv.value, objective=objective)
         scale = float((inv.P1(lambda p: p).abs().max() + inv.P2(lambda p: p).abs().max()).detach())
         m = inv.scope(active)
         assert float(rate[m].abs().max()) <= 1e-10 * scale, inv.name
@@ -92,7 +92,7 @@ def test_case4_matrix_form_fails_for_identity_and_diagonal_blocks(gen):
     found = invariants(net)
     jn = next(j for j in found.junctions if j.name == "1→2")
     assert not jn.full and not any(i.kind == "matrix" and i.junction is jn for i in found.items)
-    rate = flow_derivative(jn.C, net, X, Y, "logistic")
+    rate = flow_derivative(net, X, Y, jn.C, objective="logistic")
     off = ~torch.eye(6, dtype=torch.bool)
     assert float(rate[off].abs().max()) > 1e-4 * float(jn.C().detach().abs().max())
     assert float(rate.diagonal().abs().max()) <= 1e-10 * float(jn.C().detach().abs().max())
@@ -105,7 +105,7 @@ def test_fact5_identity_block_control_is_not_conserved(gen):
     controls = identity_block_controls(net)
     assert len(controls) == 2
     for c in controls:
-        rate = float(flow_derivative(c.value, net, X, Y, "logistic"))
+        rate = float(flow_derivative(net, X, Y, c.value, objective="logistic"))
         assert abs(rate) > 1e-4 * float(c.P1(lambda p: p).detach())
     found = invariants(net)
     assert any("ResNetIdentity" in s and "skip" in s for s in found.skipped)
@@ -142,7 +142,7 @@ def test_fact6_relu_gram_step_has_first_order_phi_term(gen):
     X, Y = data(net, gen)
     from featurelab.training.objectives import data_cost
 
-    phi = noninvariance_flow(net, X, Y, "logistic", 1)
+    phi = noninvariance_flow(net, X, Y, 1, objective="logistic")
     I0 = gram_difference(net, 1).detach()
     net.zero_grad()
     data_cost("logistic", net(X), Y).backward()
@@ -165,12 +165,12 @@ def test_fact7_phi_structure_and_autograd(gen, objective):
         net.stages[1].weight[7] = 2 * net.stages[1].weight[6]
     X, Y = data(net, gen)
     for stage in (0, 1):
-        phi = noninvariance_flow(net, X, Y, objective, stage)
-        auto = flow_derivative(lambda get: gram_difference(net, stage, get), net, X, Y, objective)
+        phi = noninvariance_flow(net, X, Y, stage, objective=objective)
+        auto = flow_derivative(net, X, Y, lambda get: gram_difference(net, stage, get), objective=objective)
         assert float((phi - auto).abs().max()) <= 1e-9 * float(phi.abs().max())
         assert torch.equal(phi, phi.T)
         assert float(phi.diagonal().abs().max()) == 0.0
-    phi = noninvariance_flow(net, X, Y, objective, 1)
+    phi = noninvariance_flow(net, X, Y, 1, objective=objective)
     assert float(phi[:3, :3].abs().max()) <= 1e-14 * float(phi.abs().max())  # linear units 0-2
     assert float(phi[6, 7].abs()) <= 1e-14 * float(phi.abs().max())
     assert float(phi[3:, 3:].abs().max()) > 1e-3 * float(phi.abs().max())

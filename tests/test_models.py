@@ -85,8 +85,9 @@ def numpy_leaky_resnet(model, X):
 def test_leaky_resnet_forward_matches_recursion(steps):
     model = fl.LeakyResNet(4, 3, 6, depth=9, effective_depth=3.0, steps=steps, seed=5, dtype=torch.float64)
     X = torch.randn(10, 4, dtype=torch.float64)
-    out, reps = model(X, return_layers=True)
+    out, reps, acts = model(X, return_layers=True)
     assert out.shape == (10, 3) and len(reps) == 10 and reps[0].shape == (10, 6)
+    assert len(acts) == 9 and torch.equal(acts[3], model.sigma(reps[3]))
     np.testing.assert_allclose(out.detach().numpy(), numpy_leaky_resnet(model, X.numpy()), rtol=1e-12, atol=1e-12)
 
 
@@ -173,3 +174,16 @@ def test_adapt_steps_keeps_weights_and_bounds():
     assert rho.sum().item() == pytest.approx(1.0, abs=1e-12)
     assert (rho <= 0.9 / 4.0 + 1e-15).all() and (rho >= 0.1 / 12 - 1e-15).all()
     assert model.rho_history == [rho.tolist()]
+
+
+def test_weight_list_from_model_or_matrices():
+    model = fl.MLP(3, 2, [5, 4], depth=3, bias=1.0, seed=0)
+    Ws = fl.models.weight_list(model)
+    assert [tuple(W.shape) for W in Ws] == [(5, 3), (4, 5), (2, 4)]  # bias columns left out
+    assert all(W.dtype == torch.float64 for W in Ws)
+    again = fl.models.weight_list([W.detach().numpy() for W in Ws])
+    assert all(torch.equal(a, b.detach()) for a, b in zip(again, Ws))
+    with pytest.raises(fl.FeaturelabError, match=r"weights\[1\] has shape \(4, 4\)"):
+        fl.models.weight_list([torch.ones(5, 3), torch.ones(4, 4)])
+    with pytest.raises(fl.FeaturelabError, match="non-empty list"):
+        fl.models.weight_list([])

@@ -272,7 +272,10 @@ def _rep_row(name: str, kind: str, A: torch.Tensor, coi_A: torch.Tensor, top: in
     coi = cost_of_identity(coi_A.reshape(N, -1), gamma=gamma) if gamma > 0 else float("nan")
     row = {"name": name, "type": kind, "shape": "x".join(map(str, A.shape[1:])) or "1", "units": flat.shape[1]}
     row |= {f"sv{i + 1}": float(s[i]) if i < len(s) else np.nan for i in range(top)}
-    row |= spectrum_ranks(s, rel, tol) | {"coi_gamma": coi, "dead_share": float(dead.double().mean())}
+    row |= spectrum_ranks(s, effective_rtol=rel, numerical_rtol=tol) | {
+        "coi_gamma": coi,
+        "dead_share": float(dead.double().mean()),
+    }
     return row, s.numpy()
 
 
@@ -393,7 +396,7 @@ def analyze(
             "frobenius_sq": float((s**2).sum()),
             "bias_sq": float((w.bias**2).sum()) if w.bias is not None else 0.0,
         }
-        row |= spectrum_ranks(s, rel, tol)
+        row |= spectrum_ranks(s, effective_rtol=rel, numerical_rtol=tol)
         row |= {"balance_mean": np.nan, "balance_residual": np.nan, "alignment": np.nan}
         nxt = by_module[pairs[w.module][0]] if w.module in pairs else None
         side = _input_side(w, nxt) if nxt else None

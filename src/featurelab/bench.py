@@ -26,6 +26,7 @@ import json
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -168,14 +169,15 @@ def bench_escape(restarts: int = 64, steps: int = 500) -> dict:
     from .data import circle_dataset
     from .measurements import find_escape_directions
 
-    X, G = circle_dataset(8)
-    kw = {"depth": 3, "width": 10, "steps": steps, "tail": min(100, steps)}
-    find_escape_directions(X, G, restarts=2, seed=0, **{**kw, "steps": 2, "tail": 2})  # warm-up
+    data = circle_dataset(8)
+    X, G = data.X_train, -data.Y_train  # G = ∇(½‖Y - Y*‖²) at the origin
+    search = partial(find_escape_directions, X, G, depth=3, width=10)
+    search(restarts=2, seed=0, steps=2, tail=2)  # warm-up
     with Stopwatch() as batched:
-        find_escape_directions(X, G, restarts=restarts, seed=0, **kw)
+        search(restarts=restarts, seed=0, steps=steps, tail=min(100, steps))
     with Stopwatch() as looped:
         for r in range(restarts):
-            find_escape_directions(X, G, restarts=1, seed=r, **kw)
+            search(restarts=1, seed=r, steps=steps, tail=min(100, steps))
     return {"restarts": restarts, "steps": steps, **_speedup(batched, looped, TARGETS["c"])}
 
 

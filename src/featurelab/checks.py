@@ -5,12 +5,19 @@ Conventions: samples are rows, so a data matrix is ``N x d``.
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 import torch
 
 from .errors import FeaturelabError
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def as_matrix(name: str, value, dtype=torch.float64) -> torch.Tensor:
@@ -66,3 +73,25 @@ def one_of(name: str, value, allowed) -> None:
     """Raise unless `value` is in `allowed`."""
     if value not in allowed:
         raise FeaturelabError(f"{name}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def renamed(**old_to_new: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorator keeping old keyword names working for one release: ``@renamed(tol="rtol")`` maps
+    ``f(tol=x)`` to ``f(rtol=x)`` with a `DeprecationWarning` (both at once is an error)."""
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def inner(*args: P.args, **kwargs: P.kwargs) -> R:
+            for old, new in old_to_new.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise FeaturelabError(f"{fn.__name__}: give {new}= only ({old}= is its deprecated name)")
+                    warnings.warn(
+                        f"{fn.__name__}({old}=...) is deprecated; use {new}=", DeprecationWarning, stacklevel=2
+                    )
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return inner
+
+    return wrap

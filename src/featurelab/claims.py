@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from .results import Check
+
 
 @dataclass
 class Claim:
@@ -71,4 +73,19 @@ def claim(statement: str, reference: str, expected, measured, passed: bool, tole
         tolerance if isinstance(tolerance, str) else fmt(tolerance),
         bool(passed),
         id,
+    )
+
+
+def claim_from_check(statement: str, reference: str, check: Check, *, id: str = "") -> Claim:
+    """The `Claim` that `check` (a measurement's `Check`) decides: expected ``<relation> bound``, the
+    measured side, its tolerance and verdict."""
+    tolerance = ", ".join(f"{name}={fmt(v)}" for name, v in (("rtol", check.rtol), ("atol", check.atol)) if v)
+    return claim(
+        statement,
+        reference,
+        f"{check.relation} {fmt(float(check.bound))}",
+        float(check.measured),
+        check.passed,
+        tolerance,
+        id=id,
     )

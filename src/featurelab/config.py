@@ -10,6 +10,7 @@ and what is allowed, from the CLI and the Python API alike. Every integer field 
 from __future__ import annotations
 
 import contextvars
+from typing import TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from .errors import FeaturelabError
 
 SEED_LIMIT = 2**32  # numpy's and most generators' seed range
+B = TypeVar("B", bound=BaseModel)
 _VALIDATING = contextvars.ContextVar("featurelab_validating", default=False)
 
 
@@ -75,10 +77,25 @@ class Validated(BaseModel):
 
 
 class ExperimentConfig(Validated):
-    """Base of every experiment config: unknown keys are errors; `seed` is the master seed."""
+    """Base of every experiment config: unknown keys are errors; `seed` is the master seed.
+
+    A sub-config field (a pydantic model, e.g. a `featurelab.training.OptimizerConfig`) given as a partial
+    dict (a preset, ``--set optimizer.adam_lr=1e-3``) updates the field's default rather than replacing it.
+    """
 
     model_config = ConfigDict(validate_assignment=True)  # merged with Validated's extra="forbid"
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _update_sub_configs(cls, values):
+        if not isinstance(values, dict):
+            return values
+        out = dict(values)
+        for name, field in cls.model_fields.items():
+            if isinstance(out.get(name), dict) and isinstance(field.default, BaseModel):
+                out[name] = merge(field.default.model_dump(), out[name])
+        return out
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -142,7 +159,7 @@ def one_line(exc: ValidationError, cls: type[BaseModel], where: str) -> Featurel
     return FeaturelabError(f"{key}{shown} is not allowed for {where}: {msg}")
 
 
-def validate(cls: type[BaseModel], values: dict, where: str):
+def validate(cls: type[B], values: dict, where: str) -> B:
     """Build `cls` from `values`; a validation failure becomes a one-line `FeaturelabError` about `where`
     (e.g. the experiment's name)."""
     return _checked(cls, where, lambda: cls.model_validate(values))

@@ -9,16 +9,17 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from .io import write_bytes  # noqa: E402
 
 
-def save_figure(fig: plt.Figure, folder: str | Path, name: str) -> list[Path]:
+def save_figure(fig: Figure, folder: str | Path, name: str) -> list[Path]:
     """Write `fig` as ``name.png`` (150 dpi) and ``name.svg`` into `folder` atomically; closes it."""
     paths = []
-    for ext, kw in (("png", {"dpi": 150}), ("svg", {})):
+    for ext, dpi in (("png", 150), ("svg", "figure")):
         buf = BytesIO()
-        fig.savefig(buf, format=ext, bbox_inches="tight", **kw)
+        fig.savefig(buf, format=ext, bbox_inches="tight", dpi=dpi)
         path = Path(folder) / f"{name}.{ext}"
         write_bytes(path, buf.getvalue())
         paths.append(path)

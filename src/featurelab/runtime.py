@@ -6,12 +6,15 @@ import copy
 import os
 import platform
 import sys
+from typing import TypeVar
 
 import torch
 
 from .errors import FeaturelabError
 
 DEVICES = ("cpu", "cuda", "auto")
+
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 def resolve_device(device: str | torch.device = "cpu") -> torch.device:
@@ -28,7 +31,7 @@ def resolve_device(device: str | torch.device = "cpu") -> torch.device:
     raise FeaturelabError(f"device={name!r} is not allowed; choose one of: cpu, cuda, cuda:N, auto")
 
 
-def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
+def float64_copy(model: M) -> M:
     """A float64 copy of `model` on the CPU with parameter gradients off: where diagnostics run
     (docs/theory/conventions.md, "Diagnostics run in float64 on the stored parameters")."""
     return copy.deepcopy(model).cpu().to(torch.float64).requires_grad_(False)

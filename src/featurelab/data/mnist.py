@@ -84,7 +84,7 @@ def mnist(path: str | Path | None = None, normalize: str = "standardize") -> Dat
             arrays[key] = read_idx(f)
     xtr = arrays["x_train"].reshape(len(arrays["x_train"]), -1).astype(np.float64) / 255.0
     xte = arrays["x_test"].reshape(len(arrays["x_test"]), -1).astype(np.float64) / 255.0
-    meta = {"name": "mnist", "path": str(p), "normalize": normalize}
+    meta: dict[str, object] = {"name": "mnist", "path": str(p), "normalize": normalize}
     if normalize == "standardize":
         mu, sd = xtr.mean(), xtr.std()
         xtr, xte = (xtr - mu) / sd, (xte - mu) / sd

@@ -96,7 +96,7 @@ class AlignmentLog:
             row[f"ratio_{k + 1}"] = r
         for k, W in enumerate(model.weight_matrices()):
             row[f"fro_{k + 1}"] = float(W.detach().double().norm())
-        for stage, (_, b, bp) in theorem2_bounds(self.constants, model).items():
+        for stage, (_, b, bp) in theorem2_bounds(model, self.constants).items():
             row[f"bound_{stage + 1}"], row[f"paper_bound_{stage + 1}"] = b, bp
         for name, a in adjacent_alignment(model).items():
             j, k = (int(x) + 1 for x in name.split("→"))

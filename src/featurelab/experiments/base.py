@@ -17,9 +17,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
+
+import torch
 
 from ..claims import Claim
 from ..config import ExperimentConfig
+from ..data.dataset import Dataset
+from ..training.trainer import TrainConfig, train
+
+C = TypeVar("C", bound=ExperimentConfig)
 
 
 @dataclass
@@ -27,9 +34,9 @@ class TrainingUnit:
     """One training run, as built by an experiment's `build`: the model, its data, how to train it and
     the callbacks that add columns to its history (``on_log`` only, so that it can join an ensemble)."""
 
-    model: object  # torch.nn.Module
-    data: object  # featurelab.data.Dataset
-    config: object  # featurelab.training.TrainConfig
+    model: torch.nn.Module
+    data: Dataset
+    config: TrainConfig
     callbacks: tuple = ()
 
 
@@ -65,18 +72,18 @@ class Analysis:
 
 
 @dataclass(frozen=True)
-class Experiment:
-    """A named, registered experiment (see `featurelab.experiments.REGISTRY`)."""
+class Experiment(Generic[C]):
+    """A named, registered experiment (see `featurelab.experiments.REGISTRY`); `C` is its config class."""
 
     name: str
     summary: str
     reference: str
-    config: type[ExperimentConfig]
+    config: type[C]
     presets: dict[str, dict]
-    units: Callable[[ExperimentConfig], list[dict]]
-    analyze: Callable[[ExperimentConfig, dict[str, dict], AnalysisContext], Analysis]
-    run_unit: Callable[[ExperimentConfig, dict, UnitContext], dict] | None = None
-    build: Callable[[ExperimentConfig, dict], TrainingUnit] | None = None
+    units: Callable[[C], list[dict]]
+    analyze: Callable[[C, dict[str, dict], AnalysisContext], Analysis]
+    run_unit: Callable[[C, dict, UnitContext], dict] | None = None
+    build: Callable[[C, dict], TrainingUnit] | None = None
     finish: Callable[..., dict] | None = None
     check: Callable[[ExperimentConfig], None] | None = None
     """Pre-flight checks beyond the config's field types, run before anything is written: data paths
@@ -86,12 +93,11 @@ class Experiment:
         if (self.run_unit is None) == (self.build is None or self.finish is None):
             raise TypeError(f"experiment {self.name}: give either run_unit or both build and finish")
 
-    def execute(self, cfg: ExperimentConfig, unit: dict, ctx: UnitContext) -> dict:
+    def execute(self, cfg: C, unit: dict, ctx: UnitContext) -> dict:
         """Run one unit: `run_unit`, or train what `build` returns and pass the result to `finish`."""
         if self.run_unit is not None:
             return self.run_unit(cfg, unit, ctx)
-        from ..training import train
-
+        assert self.build is not None and self.finish is not None  # __post_init__ checked it
         job = self.build(cfg, unit)
         result = train(
             job.model,

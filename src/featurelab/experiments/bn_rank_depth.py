@@ -128,7 +128,7 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
     with torch.no_grad():
         rel_train = float(((m64(X) - Y) ** 2).sum(1).mean() / (Y**2).sum(1).mean())
         rel_test = float(((m64(data.X_test) - data.Y_test) ** 2).sum(1).mean() / (data.Y_test**2).sum(1).mean())
-    bn = bottleneck_rank(m64, cfg.sv_threshold)
+    bn = bottleneck_rank(m64, atol=cfg.sv_threshold)
     spectra = representation_spectra(m64, X)
     rep_counts = [int((spectra[l - 1] > cfg.rep_rel * spectra[l - 1][0]).sum()) for l in middle_layers(m64.depth)]
     fits = rel_train < cfg.fit_threshold
@@ -152,8 +152,8 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
     if bn.k_mid >= 1:
         raw = representation_spectra(m64, X, centred=False)
         out["rep_tail"] = float(np.median([float(raw[l - 1][bn.k_mid]) for l in middle_layers(m64.depth)]))
-        t3 = theorem3_check(m64, X, float("nan"), bn.k_mid, cfg.jacobian_tol)
-        t6 = theorem6_check(m64, X[0], tol=cfg.jacobian_tol)
+        t3 = theorem3_check(m64, X, float("nan"), bn.k_mid, rtol=cfg.jacobian_tol)
+        t6 = theorem6_check(m64, X[:1], rtol=cfg.jacobian_tol)
         out.update(
             {
                 "max_two_log_pdet": t3.max_two_log_pdet,

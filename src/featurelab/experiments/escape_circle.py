@@ -25,10 +25,12 @@ from ..data.circle import circle_dataset
 from ..figures import plt
 from ..measurements.escape import (
     eig_residual,
+    eq6_curve,
     find_escape_directions,
     forward,
     layer_diagnostics,
     localized_loss,
+    rank_one_curve,
     theorem31_bound,
     theorem31_check,
 )
@@ -72,18 +74,6 @@ PRESETS = {
 }
 
 
-def rank_one_curve(phi: np.ndarray, n_points: int = 8) -> np.ndarray:
-    """S(φ) = |Σ_j (-1)^j σ(sin(2πj/N + φ))|: speed of W_1 = [cos φ, sin φ], W_2 = [1], W_3 = [±1] (§5)."""
-    j = np.arange(1, n_points + 1)
-    return np.abs((((-1.0) ** j) * np.maximum(np.sin(2 * np.pi * j[None, :] / n_points + phi[:, None]), 0)).sum(1))
-
-
-def eq6_curve(phi: np.ndarray) -> np.ndarray:
-    """The paper's Eq. (6): |cos(ξ+π/4) - cos ξ + cos(ξ-π/4) - cos(ξ-π/2)|, ξ = φ mod π/4 (N = 8)."""
-    xi = np.mod(phi, np.pi / 4)
-    return np.abs(np.cos(xi + np.pi / 4) - np.cos(xi) + np.cos(xi - np.pi / 4) - np.cos(xi - np.pi / 2))
-
-
 def units(cfg: Config) -> list[dict]:
     out = [{"id": f"pgd-w{w}", "search": "pgd", "width": w} for w in cfg.widths]
     out += [{"id": f"rank1-w{w}", "search": "rank_one", "width": w} for w in cfg.rank_one_widths]
@@ -91,7 +81,8 @@ def units(cfg: Config) -> list[dict]:
 
 
 def run_unit(cfg: Config, unit: dict, ctx) -> dict:
-    X, G = circle_dataset(cfg.n_points)
+    data = circle_dataset(cfg.n_points)
+    X, G = data.X_train, -data.Y_train
     rank_one = unit["search"] == "rank_one"
     res = find_escape_directions(
         X,
@@ -121,15 +112,16 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         "best_speed": speed,
         "best_L0": float(localized_loss(best, X, G)),
         "best_eig_residual": eig_residual(best, X, G),
-        "best_rank_W": [numerical_rank(W, 1e-6) for W in best],
-        "best_rank_Zsigma": [numerical_rank(a, 1e-6) for a in act],
+        "best_rank_W": [numerical_rank(W, rtol=1e-6) for W in best],
+        "best_rank_Zsigma": [numerical_rank(a, rtol=1e-6) for a in act],
         "best_diagnostics": {k: diag[k] for k in ("r_W", "r_Z", "lin", "s2_s1")},
         "unhealthy": f"collapsed: every net dead (best escape speed {speed:.3g})" if dead else "",
     }
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
-    X, G = circle_dataset(cfg.n_points)
+    data = circle_dataset(cfg.n_points)
+    X, G = data.X_train, -data.Y_train
     claims, notes = [], []
     phi = np.linspace(0, 2 * np.pi, cfg.phi_points)
     S = rank_one_curve(phi, cfg.n_points)
@@ -256,7 +248,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                     id="narrow-failure",
                 )
             )
-    c, bounds = theorem31_bound(X, G, 0.5, cfg.depth)
+    thm31 = theorem31_bound(X, G, 0.5, cfg.depth)
+    c, bounds = thm31.c, thm31.bounds
     notes.append(
         f"Thm 3.1 at s* = 1/2: c = {c:.4f}; B(ℓ) = {bounds} (∞ = vacuous; B < 1 needs ℓ > 81c² = {81 * c * c:.0f})."
     )

@@ -238,7 +238,7 @@ def finish(cfg: Config, unit: dict, model: LeakyResNet, result, ctx) -> dict:
         "positions": model.positions.tolist(),
         "top_singular_values": [singular_values(w, 10).tolist() for w in W],
         "weight_singular_values": [singular_values(w[:, :-1], 10).tolist() for w in W],
-        "effective_ranks": [effective_rank(w, 0.1) for w in W],
+        "effective_ranks": [effective_rank(w, rtol=0.1) for w in W],
         "train_seconds": result.seconds,
         "resumed_from_step": result.resumed_from,
     }

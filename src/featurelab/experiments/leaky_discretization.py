@@ -114,8 +114,8 @@ def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
         "rho": model.rho.tolist(),
         "positions": model.positions.tolist(),
         "top_singular_values": [singular_values(w, 10).tolist() for w in W],
-        "effective_ranks": [effective_rank(w, 0.1) for w in W],
-        "weight_effective_ranks": [effective_rank(w[:, :-1], 0.1) for w in W],
+        "effective_ranks": [effective_rank(w, rtol=0.1) for w in W],
+        "weight_effective_ranks": [effective_rank(w[:, :-1], rtol=0.1) for w in W],
         "train_seconds": result.seconds,
     }
     if unit["depth"] == cfg.reference_depth and unit["seed"] == cfg.seed:

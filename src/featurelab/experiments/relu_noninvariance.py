@@ -75,8 +75,8 @@ class PhiCheck:
     def check(self, model):
         X, Y = self.data.X_train, self.data.Y_train
         for stage in (0, 1):
-            phi = noninvariance_flow(model, X, Y, "logistic", stage)
-            auto = flow_derivative(lambda get: gram_difference(model, stage, get), model, X, Y, "logistic")
+            phi = noninvariance_flow(model, X, Y, stage, objective="logistic")
+            auto = flow_derivative(model, X, Y, lambda get: gram_difference(model, stage, get), objective="logistic")
             self.errors.append(float((phi - auto).abs().max() / phi.abs().max()))
 
     def on_step(self, step, model, optimizer, loss):

@@ -178,7 +178,7 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg)
     model = MLP(
         data.d_in,
-        data.n_classes,
+        data.d_out,
         cfg.width,
         cfg.depth,
         bias=0.0,
@@ -206,7 +206,7 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
         top_singular_values=10,
         seed=unit["seed"],
     )
-    G = cross_entropy_gradient(data.Y_train, data.n_classes)
+    G = cross_entropy_gradient(data.Y_train, data.d_out)
     return TrainingUnit(model, data, config, callbacks=(SaddleLog(data.X_train.double(), G),))
 
 

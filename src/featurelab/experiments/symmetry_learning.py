@@ -148,7 +148,7 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
     spectra = representation_spectra(m64, X)
     hidden = [l for l in middle_layers(m64.depth) if l < m64.depth]
     ratio3 = {l: float(spectra[l - 1][2] / spectra[l - 1][0]) for l in hidden}
-    l_star = min(ratio3, key=ratio3.get)
+    l_star = min(ratio3, key=lambda l: ratio3[l])
 
     def pre(Xn: np.ndarray | torch.Tensor) -> np.ndarray:
         with torch.no_grad():

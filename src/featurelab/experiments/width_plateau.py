@@ -48,17 +48,17 @@ class Sweep(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     widths: list[PositiveInt] = Field(min_length=1)
-    trials: int = Field(2, ge=1, le=1000)
-    depth: int = Field(3, ge=2)
-    bias: float = Field(1.0, ge=0)
-    lam: float = Field(1e-3, gt=0)
-    adam_steps: int = Field(2000, ge=0)
-    adam_lr: float = Field(1e-2, gt=0)
+    trials: int = Field(default=2, ge=1, le=1000)
+    depth: int = Field(default=3, ge=2)
+    bias: float = Field(default=1.0, ge=0)
+    lam: float = Field(default=1e-3, gt=0)
+    adam_steps: int = Field(default=2000, ge=0)
+    adam_lr: float = Field(default=1e-2, gt=0)
     adam_schedule: Literal["constant", "cosine"] = "constant"
-    adam_lr_min: float = Field(1e-4, ge=0)
-    gd_steps: int = Field(500, ge=0)
-    gd_lr: float = Field(0.05, gt=0)
-    log_every: int = Field(500, ge=1)
+    adam_lr_min: float = Field(default=1e-4, ge=0)
+    gd_steps: int = Field(default=500, ge=0)
+    gd_lr: float = Field(default=0.05, gt=0)
+    log_every: int = Field(default=500, ge=1)
 
 
 class Config(ExperimentConfig):
@@ -101,7 +101,11 @@ PRESETS = {
         "teacher_n_train": 1000,
     },
 }
-OBJECTIVE = {"digits": "cross_entropy", "mnist": "cross_entropy", "teacher": "mse"}
+OBJECTIVE: dict[str, Literal["mse", "cross_entropy"]] = {
+    "digits": "cross_entropy",
+    "mnist": "cross_entropy",
+    "teacher": "mse",
+}
 
 
 def teacher_data(cfg: Config) -> Dataset:
@@ -158,7 +162,12 @@ def units(cfg: Config) -> list[dict]:
 
 
 def adam_then_gd(
-    adam_steps: int, adam_lr: float, gd_steps: int, gd_lr: float, schedule: str = "constant", lr_min: float = 0.0
+    adam_steps: int,
+    adam_lr: float,
+    gd_steps: int,
+    gd_lr: float,
+    schedule: Literal["constant", "cosine"] = "constant",
+    lr_min: float = 0.0,
 ) -> list[Phase]:
     """The schedule of Part 3 §6: Adam (constant or cosine lr), then full-batch GD (either may have 0 steps)."""
     phases = []
@@ -203,7 +212,8 @@ def shrink(model, data: Dataset, objective: str, lam: float) -> dict:
     X, Y = data.X_train.double(), data.Y_train if data.n_classes else data.Y_train.double()
     total = data_cost(objective, net(X), Y) + net.penalty(lam)
     loss = float(total.detach())
-    grad_norm = float(torch.sqrt(sum((g**2).sum() for g in torch.autograd.grad(total, list(net.parameters())))))
+    grads = torch.autograd.grad(total, list(net.parameters()))
+    grad_norm = float(torch.sqrt(torch.stack([(g**2).sum() for g in grads]).sum()))
     reduced, report = caratheodory_reduce(net, X)
     merged, _ = merge_aligned_neurons(net, X)
     with torch.no_grad():
@@ -231,7 +241,7 @@ def shrink(model, data: Dataset, objective: str, lam: float) -> dict:
         "reduced_rank": report["rank"].tolist(),
         "gram_error": float(report["gram_error"].max()),
         "reduced_output_error": float((out_r - out).abs().max() / out.abs().max()),
-        "reduced_loss": regularized_loss(reduced, X, Y, lam, objective),
+        "reduced_loss": regularized_loss(reduced, X, Y, lam, objective=objective),
     }
 
 

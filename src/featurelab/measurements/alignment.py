@@ -27,6 +27,7 @@ import torch
 
 from ..models.conv import Conv
 from ..models.residual import Dense, Flatten, ResBlock, as_homogeneous
+from ..results import Result
 from .invariances import PARAM, invariants
 from .ranks import singular_values, stable_rank
 
@@ -62,8 +63,8 @@ def adjacent_alignment(model) -> dict[str, float]:
     return out
 
 
-@dataclass
-class TailConstants:
+@dataclass(frozen=True)
+class TailConstants(Result):
     """Constants of the derived and paper-style Theorem 2 bounds for one stage k, frozen at a reference."""
 
     stage: int
@@ -82,7 +83,8 @@ def _switch(net, i: int) -> tuple[float, float, float] | None:
         if not bool((s.leak == 1.0).all()):
             return None
         if after_conv:
-            c = net.shapes[i - 1][0]
+            shape = net.shapes[i - 1]  # the image the Flatten reads
+            c = shape[0] if isinstance(shape, tuple) else 1
             return float(min(c, s.weight.shape[1] // c)), 1.0, 0.0
         return 1.0, 1.0, 0.0
     if isinstance(s, Conv):
@@ -125,10 +127,14 @@ def theorem2_constants(model) -> list[TailConstants]:
     return out[::-1]
 
 
-def theorem2_bounds(constants: list[TailConstants], model) -> dict[int, tuple[float, float, float]]:
+def theorem2_bounds(model, constants: list[TailConstants] | None = None) -> dict[int, tuple[float, float, float]]:
     """{stage: (ratio, derived bound, paper-style bound)} at the model's current parameters, with
-    bound = ρ_k - (E_k + ρ_k f_k)/‖B_k‖²_F (Part 5 §4 step 5; paper-style: ρ, E from (13)'s factors)."""
+    bound = ρ_k - (E_k + ρ_k f_k)/‖B_k‖²_F (Part 5 §4 step 5; paper-style: ρ, E from (13)'s factors).
+
+    constants: `theorem2_constants` computed at initialisation (the bound holds along the flow from there);
+    default: computed at the current parameters, i.e. taking them as the start."""
     net = as_homogeneous(model)
+    constants = theorem2_constants(net) if constants is None else constants
     mats = dict(zip([i for i, s in enumerate(net.stages) if not isinstance(s, Flatten)], net.weight_matrices()))
     out = {}
     with torch.no_grad():

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import copy
 import statistics
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..checks import as_matrix, int_at_least, positive
+from ..checks import as_matrix, int_at_least, positive, renamed
 from ..errors import FeaturelabError
 from ..models.convert import as_mlp
+from ..models.weights import weight_list
+from ..results import Check, Result
 from ..runtime import float64_copy
 from .jacobian import jacobian, jacobian_ranks, ntk_trace
 from .ranks import singular_values
 from .representation_cost import log_pdet
+
+ROUNDING = 1e-10  # relative slack for float64 rounding in the always-true inequalities
 
 
 def _check_mlp(model, homogeneous: bool = False):
@@ -37,43 +41,50 @@ def _sq_norm(model) -> float:
     return float(sum((W.detach().double() ** 2).sum() for W in model.weights))
 
 
-def _one_sample(model, x) -> torch.Tensor:
-    x = torch.as_tensor(x)
+def _one_sample(model, X) -> torch.Tensor:
+    x = torch.as_tensor(X)
+    if x.ndim == 2 and x.shape[0] == 1:
+        x = x[0]
     if x.ndim != 1:
-        raise FeaturelabError(f"x must be one sample (a 1-D tensor of length d_in), got shape {tuple(x.shape)}")
+        raise FeaturelabError(
+            f"X must be one sample (a 1 x d_in row or a 1-D tensor of length d_in), got shape {tuple(x.shape)}"
+        )
     return x
 
 
 # ----------------------------------------------------------------------------------- Theorem 3
-class Theorem3Check(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Theorem3Check(Check):
     """Part 2 §2.3 Theorem 3 and the exact per-network inequality, on N samples.
 
+    The `Check`: measured = max_two_log_pdet <= bound = R1_hat (False when no sample has rank k).
     two_log_pdet: 2 log|Jf(x_i)|_+ (top-k singular values) at every sample (N,).
-    ranks: numerical Jacobian rank of every sample (N,), relative tolerance `tol`.
+    ranks: numerical Jacobian rank of every sample (N,), relative tolerance `rtol`.
     max_two_log_pdet: max of two_log_pdet over samples with Jacobian rank k (nan if none).
     margin: R1_hat − max_two_log_pdet (Theorem 3 predicts >= 0).
     exact_slack: min_i ‖θ‖² − L Σ_j s_j(Jf(x_i))^{2/L} (>= 0 for every θ and x when |a| <= 1).
     """
 
-    two_log_pdet: list
-    ranks: list
+    two_log_pdet: list[float]
+    ranks: list[int]
     max_two_log_pdet: float
     margin: float
     exact_slack: float
 
 
-def theorem3_check(model, X, R1_hat: float, k: int, tol: float = 1e-3) -> Theorem3Check:
+@renamed(tol="rtol")
+def theorem3_check(model, X, R1_hat: float, k: int, *, rtol: float = 1e-3) -> Theorem3Check:
     """Theorem 3: if Rank Jf(x) = R⁽⁰⁾ = k then R⁽¹⁾ >= 2 log|Jf(x)|_+; plus the exact bound
     ‖θ‖² >= Σ_ℓ‖W_ℓ‖² >= L Σ_i s_i(Jf(x))^{2/L} (docs/theory/bottleneck-rank.md §2.3, §3.6).
 
     model: `MLP`; X: ``N x d_in`` (rows are samples); R1_hat: an estimate of R⁽¹⁾ (e.g. the depth fit's
-    intercept); k: the rank class. Samples whose numerical Jacobian rank (relative `tol`) is k enter the max.
+    intercept); k: the rank class. Samples whose numerical Jacobian rank (relative `rtol`) is k enter the max.
     """
     model = _check_mlp(model)
     X = as_matrix("X", X)
     int_at_least("k", k, 1)
     J = jacobian(model, X)
-    ranks = jacobian_ranks(model, X, tol)
+    ranks = jacobian_ranks(model, X, rtol=rtol)
     s = torch.linalg.svdvals(J)
     if k > s.shape[1]:
         raise FeaturelabError(f"k={k} is not allowed: the Jacobian has only {s.shape[1]} singular values")
@@ -82,7 +93,16 @@ def theorem3_check(model, X, R1_hat: float, k: int, tol: float = 1e-3) -> Theore
     mx = float(at_k.max()) if at_k.numel() else float("nan")
     L = model.depth
     exact = _sq_norm(model) - L * (s ** (2.0 / L)).sum(1)
-    return Theorem3Check(two_lp.tolist(), ranks.tolist(), mx, float(R1_hat) - mx, float(exact.min()))
+    return Theorem3Check(
+        passed=Check.holds(mx, float(R1_hat)),
+        measured=mx,
+        bound=float(R1_hat),
+        two_log_pdet=two_lp.tolist(),
+        ranks=ranks.tolist(),
+        max_two_log_pdet=mx,
+        margin=float(R1_hat) - mx,
+        exact_slack=float(exact.min()),
+    )
 
 
 # ----------------------------------------------------------------------------------- Theorem 6
@@ -94,57 +114,61 @@ def layer_proxy(W, k: int) -> float:
     return float(((s[:k] - 1) ** 2).sum() + (s[k:] ** 2).sum())
 
 
-class Theorem6Check(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Theorem6Check(Check):
     """Part 2 §2.4 Theorem 6 with the proved proxy, at one sample.
 
+    The `Check`: measured = Σ_ℓ e_ℓ(k) + bias_sq <= bound = S = ‖θ‖² − kL − 2log|Jf(x)|_+ (always holds;
+    `slack` = S − measured).
     k: Jacobian rank used.  proxies: e_ℓ(k) per layer (L,).  bias_sq: Σ_ℓ‖b_ℓ‖² (stored bias columns).
-    bound: S = ‖θ‖² − kL − 2log|Jf(x)|_+.  slack: S − Σ_ℓ e_ℓ(k) − bias_sq (>= 0 always).
     fraction_within: share of layers with e_ℓ(k) <= S/(pL) (>= 1 − p by Markov).
     top_k: the k largest singular values of each W_ℓ (close to 1 in a bottleneck).
     next_singular: s_{k+1}(W_ℓ) per layer (O(L^{-1/2}) in a bottleneck; 0 if W_ℓ has only k).
     """
 
     k: int
-    proxies: list
+    proxies: list[float]
     bias_sq: float
-    bound: float
-    slack: float
     fraction_within: float
-    top_k: list
-    next_singular: list
+    top_k: list[list[float]]
+    next_singular: list[float]
 
 
-def theorem6_check(model, x, k: int | None = None, p: float = 0.25, tol: float = 1e-3) -> Theorem6Check:
+@renamed(tol="rtol")
+def theorem6_check(model, X, k: int | None = None, *, p: float = 0.25, rtol: float = 1e-3) -> Theorem6Check:
     """Σ_ℓ e_ℓ(k) + Σ_ℓ‖b_ℓ‖² <= ‖θ‖² − kL − 2log|Jf_θ(x)|_+ for k = Rank Jf(x) (docs/theory/bottleneck-rank.md
     §2.4, §3.7; Horn's product inequality and s² − 1 − 2 log s >= (s−1)²).
 
-    model: `MLP` with |a| <= 1; x: one sample (1-D, length d_in); k: default the numerical Jacobian
-    rank (relative `tol`); p in (0, 1) for the share of layers within S/(pL).
+    model: `MLP` with |a| <= 1; X: one sample (a 1 x d_in row or a length-d_in vector); k: default the
+    numerical Jacobian rank (relative `rtol`); p in (0, 1) for the share of layers within S/(pL).
     """
     model = _check_mlp(model)
-    x = _one_sample(model, x)
+    x = _one_sample(model, X)
     if not 0 < p < 1:
         raise FeaturelabError(f"p={p!r} is not allowed: it must be in (0, 1)")
     J = jacobian(model, x)
     if k is None:
-        k = int(jacobian_ranks(model, x, tol))
+        k = int(jacobian_ranks(model, x, rtol=rtol))
     int_at_least("k", k, 1)
     L = model.depth
-    Ws = [W.detach().double() for W in model.weight_matrices()]
+    Ws = [W.detach() for W in weight_list(model)]
     e = [layer_proxy(W, k) for W in Ws]
     bias_sq = _sq_norm(model) - sum(float((W**2).sum()) for W in Ws)
     S = _sq_norm(model) - k * L - 2 * log_pdet(J, rank=k)
     within = float(np.mean([ei <= S / (p * L) for ei in e]))
     svals = [singular_values(W) for W in Ws]
+    measured = sum(e) + bias_sq
     return Theorem6Check(
-        k,
-        e,
-        bias_sq,
-        S,
-        S - sum(e) - bias_sq,
-        within,
-        [s[:k].tolist() for s in svals],
-        [float(s[k]) if s.numel() > k else 0.0 for s in svals],
+        passed=Check.holds(measured, S, rtol=ROUNDING),
+        measured=measured,
+        bound=S,
+        rtol=ROUNDING,
+        k=k,
+        proxies=e,
+        bias_sq=bias_sq,
+        fraction_within=within,
+        top_k=[s[:k].tolist() for s in svals],
+        next_singular=[float(s[k]) if s.numel() > k else 0.0 for s in svals],
     )
 
 
@@ -167,16 +191,17 @@ def balancedness_residual(model) -> list[torch.Tensor]:
     ]
 
 
-def rebalance(model, tol: float = 1e-12, max_sweeps: int = 100000):
+@renamed(tol="rtol")
+def rebalance(model, *, rtol: float = 1e-12, max_sweeps: int = 100000):
     """A copy of `model` with every hidden neuron balanced (docs/theory/bottleneck-rank.md §3.9): repeatedly scale
     neuron i's incoming row (bias included) by c = (out/in)^{1/4} and its outgoing column by 1/c,
-    sweeping the layers until max residual <= tol. By positive homogeneity of σ_a the function is
-    unchanged; each step replaces in + out by 2√(in·out), so ‖θ‖² never increases. A neuron with
+    sweeping the layers until max residual <= rtol (the residual is relative). By positive homogeneity
+    of σ_a the function is unchanged; each step replaces in + out by 2√(in·out), so ‖θ‖² never increases. A neuron with
     in = 0 or out = 0 contributes nothing to f and is zeroed. Computed in float64, stored in the
     model's dtype. Needs a leaky-ReLU `MLP`.
     """
     model = _check_mlp(model, homogeneous=True)
-    positive("tol", tol)
+    positive("rtol", rtol)
     int_at_least("max_sweeps", max_sweeps, 1)
     out_model = copy.deepcopy(model)
     Ws = [W.detach().double().clone() for W in model.weights]
@@ -193,11 +218,11 @@ def rebalance(model, tol: float = 1e-12, max_sweeps: int = 100000):
             Ws[l] = Ws[l] * c[:, None]
             Ws[l + 1][:, : n[l + 1]] = Ws[l + 1][:, : n[l + 1]] / torch.where(live, c, torch.ones_like(c))[None, :]
             Ws[l + 1][:, : n[l + 1]][:, ~live] = 0.0
-        if worst <= tol:
+        if worst <= rtol:
             break
     else:
         raise FeaturelabError(
-            f"rebalance did not reach tol={tol:g} in max_sweeps={max_sweeps} sweeps (residual {worst:.3g})"
+            f"rebalance did not reach rtol={rtol:g} in max_sweeps={max_sweeps} sweeps (residual {worst:.3g})"
         )
     with torch.no_grad():
         for P, W in zip(out_model.weights, Ws):
@@ -206,16 +231,16 @@ def rebalance(model, tol: float = 1e-12, max_sweeps: int = 100000):
 
 
 # ----------------------------------------------------------------------------------- Theorem 7
-class Theorem7Check(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Theorem7Check(Check):
     """Part 2 §2.4 Theorem 7 in our explicit form, at one sample.
 
-    lhs: (1/L) Σ_ℓ (‖α_{ℓ-1}(x)‖² + β²).  rhs: (TrΘ(x,x)/(kL))·exp((max(c₁,0) − 2log|Jf(x)|_+)/k).
-    ratio: rhs/lhs (>= 1 on balanced nets).  ntk_per_layer: TrΘ(x,x)/L.  c1: ‖θ‖² − kL.  k: the rank.
+    The `Check`: measured = (1/L) Σ_ℓ (‖α_{ℓ-1}(x)‖² + β²) <= bound =
+    (TrΘ(x,x)/(kL))·exp((max(c₁,0) − 2log|Jf(x)|_+)/k).
+    ratio: bound/measured (>= 1 on balanced nets).  ntk_per_layer: TrΘ(x,x)/L.  c1: ‖θ‖² − kL.  k: the rank.
     max_residual: the net's largest balancedness residual (the bound assumes it is ~0).
     """
 
-    lhs: float
-    rhs: float
     ratio: float
     ntk_per_layer: float
     c1: float
@@ -223,15 +248,16 @@ class Theorem7Check(NamedTuple):
     max_residual: float
 
 
-def theorem7_check(model, x, k: int | None = None, tol: float = 1e-3) -> Theorem7Check:
+@renamed(tol="rtol")
+def theorem7_check(model, X, k: int | None = None, *, rtol: float = 1e-3) -> Theorem7Check:
     """Theorem 7's explicit inequality (docs/theory/bottleneck-rank.md §2.4):
     (1/L)Σ_ℓ(‖α_{ℓ-1}(x)‖² + β²) <= (TrΘ(x,x)/(kL))·exp((max(c₁,0) − 2log|Jf(x)|_+)/k), c₁ = ‖θ‖² − kL,
     for balanced θ (use `rebalance` first on Adam-trained nets) and k = Rank Jf(x) (default: numerical,
-    relative `tol`). model: leaky-ReLU `MLP`; x: one sample (1-D)."""
+    relative `rtol`). model: leaky-ReLU `MLP`; X: one sample (a 1 x d_in row or a length-d_in vector)."""
     model = _check_mlp(model, homogeneous=True)
-    x = _one_sample(model, x)
+    x = _one_sample(model, X)
     if k is None:
-        k = int(jacobian_ranks(model, x, tol))
+        k = int(jacobian_ranks(model, x, rtol=rtol))
     int_at_least("k", k, 1)
     L = model.depth
     acts = float64_copy(model)(as_matrix("x", x[None]), return_layers=True).act
@@ -241,7 +267,17 @@ def theorem7_check(model, x, k: int | None = None, tol: float = 1e-3) -> Theorem
     c1 = _sq_norm(model) - k * L
     rhs = trace / (k * L) * float(np.exp((max(c1, 0.0) - 2 * log_pdet(jacobian(model, x), rank=k)) / k))
     worst = max(float(r.max()) for r in balancedness_residual(model)) if L > 1 else 0.0
-    return Theorem7Check(lhs, rhs, rhs / lhs, trace / L, c1, k, worst)
+    return Theorem7Check(
+        passed=Check.holds(lhs, rhs, rtol=ROUNDING),
+        measured=lhs,
+        bound=rhs,
+        rtol=ROUNDING,
+        ratio=rhs / lhs,
+        ntk_per_layer=trace / L,
+        c1=c1,
+        k=k,
+        max_residual=worst,
+    )
 
 
 # ------------------------------------------------------------------------- bottleneck rank (§4a)
@@ -251,28 +287,30 @@ def middle_layers(L: int) -> list[int]:
     return mid or [max(1, (L + 1) // 2)]
 
 
-class BottleneckRank(NamedTuple):
-    """k_mid = median_low over the middle layers of #{s_i(W_ℓ) > threshold}, with what it used."""
+@dataclass(frozen=True)
+class BottleneckRank(Result):
+    """k_mid = median_low over the middle layers of #{s_i(W_ℓ) > atol}, with what it used."""
 
     k_mid: int
     counts: list
     layers: list
-    threshold: float
+    atol: float
 
 
-def bottleneck_rank(model, threshold: float = 0.1) -> BottleneckRank:
+@renamed(threshold="atol")
+def bottleneck_rank(model, *, atol: float = 0.1) -> BottleneckRank:
     """Bottleneck-rank estimate of a trained `MLP` from its middle-layer weight spectra (docs/theory/bottleneck-rank.md
-    §4a): k_mid = median (lower) over ℓ in [L/4, 3L/4] of #{s_i(W_ℓ) > threshold}, absolute
+    §4a): k_mid = median (lower) over ℓ in [L/4, 3L/4] of #{s_i(W_ℓ) > atol}, an absolute
     threshold (0.1 is the paper's believed value). Do not use the Jacobian rank for this: small
     leftover singular directions hide in it. The count is not invariant under the function-preserving
     rescaling of a unit (c in, 1/c out): `rebalance` first unless the net was trained to a critical point
     of C + λ‖θ‖² (where every unit is balanced); `featurelab.analyze` does."""
     model = _check_mlp(model)
-    positive("threshold", threshold)
+    positive("atol", atol)
     layers = middle_layers(model.depth)
     Ws = model.weight_matrices()
-    counts = [int((singular_values(Ws[l - 1].detach()) > threshold).sum()) for l in layers]
-    return BottleneckRank(int(statistics.median_low(counts)), counts, layers, float(threshold))
+    counts = [int((singular_values(Ws[l - 1].detach()) > atol).sum()) for l in layers]
+    return BottleneckRank(int(statistics.median_low(counts)), counts, layers, float(atol))
 
 
 def representation_spectra(model, X, centred: bool = True) -> list[torch.Tensor]:

@@ -24,6 +24,7 @@ import torch
 
 from ..checks import as_matrix, non_negative, nonempty, one_of
 from ..errors import FeaturelabError
+from ..results import Result
 
 GAMMA_MODES = ("relative", "absolute")
 METHODS = ("auto", "cholesky", "woodbury")
@@ -38,8 +39,8 @@ def features(A: torch.Tensor, bias: bool = True) -> torch.Tensor:
     return torch.cat([relu, torch.ones_like(A[:, :1])], dim=1) if bias else relu
 
 
-@dataclass
-class KernelMetric:
+@dataclass(frozen=True)
+class KernelMetric(Result):
     """The inner product ``⟨M, M'⟩_(K+γI)`` of one representation's kernel (Part 1 §0, §3.7).
 
     S: the features σ(A) (``N x m``), K = S Sᵀ.  gamma: the absolute γ used.  method: "cholesky", "woodbury"
@@ -51,15 +52,17 @@ class KernelMetric:
     S: torch.Tensor
     gamma: float
     method: str
-    factor: object
+    factor: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
     jitter: float
     eigenvalues: torch.Tensor
 
     def whiten(self, M: torch.Tensor) -> torch.Tensor:
         """Z with ``⟨M, M'⟩ = Σ Z ⊙ Z'`` (see the module docstring). M: ``N x k``."""
         if self.method == "cholesky":
+            assert isinstance(self.factor, torch.Tensor)
             return torch.linalg.solve_triangular(self.factor, M, upper=False)
         if self.method == "woodbury":
+            assert isinstance(self.factor, tuple)
             U, s = self.factor
             C = U.T @ M
             return torch.cat([C / torch.sqrt(s**2 + self.gamma)[:, None], (M - U @ C) / self.gamma**0.5])

@@ -19,10 +19,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..checks import as_matrix, int_at_least, non_negative, nonempty, positive
 from ..errors import FeaturelabError
+from ..models.mlp import MLP
+from ..models.weights import weight_list
+from ..results import Check, Result
 from .ranks import singular_values, stable_rank
 
 
@@ -34,44 +38,20 @@ def as_weights(weights, X: torch.Tensor | None = None, batched: bool = False) ->
     each may carry the same leading restart dimension R). X: ``N x d_in`` (rows are samples) to check
     W_1 against. Raises a one-line `FeaturelabError` for biases, L < 2 or shapes that do not chain.
     """
-    if isinstance(weights, torch.nn.Module):
-        bias = getattr(weights, "bias", 0.0)
-        if bias:
+    if isinstance(weights, MLP):
+        if weights.bias:
             raise FeaturelabError(
-                f"weights is an MLP with bias={bias!r}; the localized loss of docs/theory/saddle-to-saddle.md "
-                "needs a bias-free ReLU MLP (bias=0.0)"
+                f"weights is an MLP with bias={weights.bias!r}; the localized loss of "
+                "docs/theory/saddle-to-saddle.md needs a bias-free ReLU MLP (bias=0.0)"
             )
-        if (
-            getattr(weights, "leak", 0.0) != 0.0
-            or getattr(weights, "activation", "leaky_relu") != "leaky_relu"
-            or getattr(weights, "linear_tail", 0)
-        ):
+        if weights.leak != 0.0 or weights.activation != "leaky_relu" or weights.linear_tail:
             raise FeaturelabError(
                 "weights is an MLP that is not a plain ReLU net (leak=0, activation='leaky_relu', "
                 "linear_tail=0), as docs/theory/saddle-to-saddle.md needs"
             )
-        weights = weights.weight_matrices()
-    if not isinstance(weights, (list, tuple)) or not weights:
-        raise FeaturelabError(
-            f"weights must be a bias-free MLP or a list of weight matrices, got {type(weights).__name__}"
-        )
-    Ws = [torch.as_tensor(W).to(torch.float64) for W in weights]
+    Ws = weight_list(weights, batched=batched)
     if len(Ws) < 2:
         raise FeaturelabError(f"weights has depth {len(Ws)}; docs/theory/saddle-to-saddle.md needs depth L >= 2")
-    ndim = 3 if batched and Ws[0].ndim == 3 else 2
-    for l, W in enumerate(Ws, start=1):
-        if W.ndim != ndim or W.shape[:-2] != Ws[0].shape[:-2]:
-            raise FeaturelabError(
-                f"weights[{l - 1}] has shape {tuple(W.shape)}; every W_l must be "
-                f"{'R x ' if ndim == 3 else ''}n_l x n_(l-1) with the same leading dimensions"
-            )
-        if l > 1 and W.shape[-1] != Ws[l - 2].shape[-2]:
-            raise FeaturelabError(
-                f"weights[{l - 1}] has shape {tuple(W.shape)} but W_{l - 1} has {Ws[l - 2].shape[-2]} "
-                f"rows; W_l must be n_l x n_(l-1)"
-            )
-        if not torch.isfinite(W).all():
-            raise FeaturelabError(f"weights[{l - 1}] contains NaN or inf")
     if X is not None and Ws[0].shape[-1] != X.shape[1]:
         hint = (
             " (it looks like it has a bias column: Part 4 nets are bias-free)"
@@ -112,7 +92,7 @@ def forward(Ws: list[torch.Tensor], X: torch.Tensor) -> tuple[list[torch.Tensor]
 
 
 def _sq_norm(Ws: list[torch.Tensor]) -> torch.Tensor:
-    return sum((W**2).sum((-2, -1)) for W in Ws)
+    return torch.stack([(W**2).sum((-2, -1)) for W in Ws]).sum(0)
 
 
 def _L0(Ws: list[torch.Tensor], X: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
@@ -169,8 +149,8 @@ def eig_residual(weights, X, G) -> float:
 
 
 # ------------------------------------------------------------------ A1 / A2: the searches
-@dataclass
-class EscapeSearch:
+@dataclass(frozen=True)
+class EscapeSearch(Result):
     """Result of `find_escape_directions`: R restarts, all on the √L-sphere ‖θ‖² = L.
 
     speeds: ``R`` final speeds -L0(θ_K).   weights: ``[W_1..W_L]``, each ``R x n_ℓ x n_{ℓ-1}``.
@@ -299,7 +279,7 @@ def find_escape_directions(
             grads = torch.autograd.grad(l0.sum(), Ws)
             eta = lr * (1 + math.cos(math.pi * k / steps)) / 2
             with torch.no_grad():
-                radial = sum((g * W).sum((-2, -1)) for g, W in zip(grads, Ws))[:, None, None] / L
+                radial = torch.stack([(g * W).sum((-2, -1)) for g, W in zip(grads, Ws)]).sum(0)[:, None, None] / L
                 Ws = _to_sphere([W - eta * (g - radial * W) for g, W in zip(grads, Ws)], L)
         Ws = [W.detach() for W in Ws]
     speeds = _speed(Ws, X, G)
@@ -344,12 +324,22 @@ def layer_diagnostics(weights, X, top: int = 10) -> dict[str, list]:
 
 
 # --------------------------------------------------------------------------- §3.3 Thm 3.1
-def theorem31_bound(X, G, s_star: float, depth: int) -> tuple[float, list[float]]:
+@dataclass(frozen=True)
+class Theorem31Bound(Result):
+    """Thm 3.1's bound: ``c = (‖X‖‖G‖/s*)·sqrt(2 log(‖X‖‖G‖/s*))`` and ``bounds = [B(1), ..., B(L)]``
+    (B = inf where it is vacuous)."""
+
+    c: float
+    bounds: list[float]
+
+
+def theorem31_bound(X, G, s_star: float, depth: int) -> Theorem31Bound:
     """Thm 3.1 (docs/theory/saddle-to-saddle.md §3.3): at an optimal escape direction of speed s* every r_W(ℓ), r_Z(ℓ),
     lin(ℓ) is at most ``B(ℓ) = 8cℓ^{-1/2}/(1 - cℓ^{-1/2})`` with ``c = (‖X‖‖G‖/s*)·sqrt(2 log(‖X‖‖G‖/s*))``.
 
     X: ``N x d_in``, G: ``N x d_out`` (rows are samples); s_star > 0 (the paper's min is negative: §8.2).
-    Returns ``(c, [B(1), ..., B(L)])`` with B = inf where cℓ^{-1/2} >= 1 (vacuous; Example 1: c ≈ 37.68).
+    Returns a `Theorem31Bound` (c, [B(1), ..., B(L)]) with B = inf where cℓ^{-1/2} >= 1 (vacuous; Example 1:
+    c ≈ 37.68).
     """
     X, G = as_data(X, G)
     positive("s_star", s_star)
@@ -362,7 +352,7 @@ def theorem31_bound(X, G, s_star: float, depth: int) -> tuple[float, list[float]
     for l in range(1, depth + 1):
         q = c / math.sqrt(l)
         bounds.append(8 * q / (1 - q) if q < 1 else math.inf)
-    return c, bounds
+    return Theorem31Bound(c, bounds)
 
 
 def second_singular_bound(r_bound: float) -> float:
@@ -411,14 +401,26 @@ def theorem31_check(weights, X, G, s_star: float | None = None) -> dict:
 
 
 # --------------------------------------------------------------------------- §3.4 Prop 3.4
-def prop34_check(weights, X, G, p: float = 0.5) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class Prop34Check(Check):
+    """Prop 3.4's sum form as a `Check`: measured = Σ_ℓ log(‖Zσ_ℓ‖²_F/‖Zσ_ℓ‖²_op) <= bound =
+    2 log(‖X‖‖G‖/s0); and its count form: `count` indices with r_Z(ℓ) > `threshold`, `count_passed`
+    when count <= pL. s0: the speed of θ."""
+
+    threshold: float
+    count: int
+    count_passed: bool
+    s0: float
+
+
+def prop34_check(weights, X, G, p: float = 0.5) -> Prop34Check:
     """Prop 3.4 (docs/theory/saddle-to-saddle.md §3.4) at any θ with L0(θ) < 0, evaluated on the √L-sphere (the
     ratios are scale-free and s0 = speed(θ) is the largest -L0 on the ray, so this is the tightest case).
 
     Sum form: ``Σ_{ℓ=0}^{L-1} log(‖Zσ_ℓ‖²_F/‖Zσ_ℓ‖²_op) <= 2 log(‖X‖‖G‖/s0)``.
     Count form: at most pL indices ℓ ∈ {0..L-1} have ``r_Z(ℓ) > 2 log(‖X‖‖G‖/s0)/(pL)``, p ∈ (0, 1).
     weights, X (``N x d_in``), G (``N x d_out``) as in `localized_loss`.
-    Returns {lhs, rhs, slack = rhs - lhs, holds, threshold, count, count_holds, s0}.
+    Returns a `Prop34Check` (measured = the sum, bound = 2 log(‖X‖‖G‖/s0), atol 1e-12; and the count form).
     """
     X = as_matrix("X", X)
     Ws = [W.detach() for W in as_weights(weights, X)]
@@ -434,16 +436,16 @@ def prop34_check(weights, X, G, p: float = 0.5) -> dict:
     rhs = 2 * math.log(float(torch.linalg.norm(X) * torch.linalg.norm(G)) / s0)
     threshold = rhs / (p * L)
     count = sum(tail_ratio(a) > threshold for a in act)
-    return {
-        "lhs": lhs,
-        "rhs": rhs,
-        "slack": rhs - lhs,
-        "holds": lhs <= rhs + 1e-12,
-        "threshold": threshold,
-        "count": count,
-        "count_holds": count <= p * L,
-        "s0": s0,
-    }
+    return Prop34Check(
+        passed=Check.holds(lhs, rhs, atol=1e-12),
+        measured=lhs,
+        bound=rhs,
+        atol=1e-12,
+        threshold=threshold,
+        count=int(count),
+        count_passed=count <= p * L,
+        s0=s0,
+    )
 
 
 # --------------------------------------------------------------------------- §3.5 Prop 3.3
@@ -473,13 +475,26 @@ def rank_one_chain(u, v, G, depth: int, width: int) -> list[torch.Tensor]:
     return Ws
 
 
-def prop33_check(weights, X, G, u, v, eps: float) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class Prop33Check(Check):
+    """Prop 3.3 as a `Check`: measured = the largest of r_W, r_Z, lin <= bound = 8‖G‖eps/(s - ‖G‖eps);
+    `passed` is also True when the precondition fails (the proposition then says nothing).
+    precondition: ‖θ‖² <= L and s = -Tr[Gᵀ Y_θ(X)] >= ‖Gᵀv‖‖u‖ - ‖G‖eps > 0.  r_W, r_Z, lin: per layer."""
+
+    precondition: bool
+    s: float
+    r_W: list[float]
+    r_Z: list[float]
+    lin: list[float]
+
+
+def prop33_check(weights, X, G, u, v, eps: float) -> Prop33Check:
     """Prop 3.3 (docs/theory/saddle-to-saddle.md §3.5) for a nearly rank-one input ``X = v uᵀ + E`` (rows are samples,
     ``N x d``; u, v >= 0 entrywise, ``‖E‖_F <= eps``).
 
     Precondition: ``‖θ‖² <= L`` and ``Tr[Gᵀ Y_θ(X)] <= -‖Gᵀv‖‖u‖ + ‖G‖_F eps`` with s = -Tr[...] > ‖G‖eps.
     Then every r_W(ℓ), r_Z(ℓ), lin(ℓ) is at most ``8‖G‖eps/(s - ‖G‖eps)``.
-    Returns {precondition, s, bound, max_ratio, holds (True when the precondition fails)} and the ratios.
+    Returns a `Prop33Check` (passed is True when the precondition fails) with the ratios.
     """
     X = as_matrix("X", X)
     Ws = [W.detach() for W in as_weights(weights, X)]
@@ -496,14 +511,16 @@ def prop33_check(weights, X, G, u, v, eps: float) -> dict:
     diag = layer_diagnostics(Ws, X)
     ratios = diag["r_W"] + diag["r_Z"] + diag["lin"]
     worst = max(ratios)
-    return {
-        "precondition": pre,
-        "s": s,
-        "bound": bound,
-        "max_ratio": worst,
-        "holds": (not pre) or worst <= bound,
-        **{k: diag[k] for k in ("r_W", "r_Z", "lin")},
-    }
+    return Prop33Check(
+        passed=(not pre) or worst <= bound,
+        measured=worst,
+        bound=bound,
+        precondition=pre,
+        s=s,
+        r_W=diag["r_W"],
+        r_Z=diag["r_Z"],
+        lin=diag["lin"],
+    )
 
 
 # --------------------------------------------------------------------------- §3.6 Prop 3.2
@@ -596,3 +613,17 @@ def cross_entropy_gradient(Y: torch.Tensor, n_classes: int) -> torch.Tensor:
     (docs/theory/saddle-to-saddle.md §2, transposed). Y: ``N`` int64 labels."""
     onehot = torch.nn.functional.one_hot(Y, n_classes).to(torch.float64)
     return (1.0 / n_classes - onehot) / len(Y)
+
+
+# ---------------------------------------------------------------------- §5 Example 1 closed forms
+def rank_one_curve(phi: np.ndarray, n_points: int = 8) -> np.ndarray:
+    """S(φ) = |Σ_j (-1)^j σ(sin(2πj/N + φ))|: the speed of W_1 = [cos φ, sin φ], W_2 = [1], W_3 = [±1]
+    on Example 1 (docs/theory/saddle-to-saddle.md §5)."""
+    j = np.arange(1, n_points + 1)
+    return np.abs((((-1.0) ** j) * np.maximum(np.sin(2 * np.pi * j[None, :] / n_points + phi[:, None]), 0)).sum(1))
+
+
+def eq6_curve(phi: np.ndarray) -> np.ndarray:
+    """The paper's Eq. (6): |cos(ξ+π/4) - cos ξ + cos(ξ-π/4) - cos(ξ-π/2)|, ξ = φ mod π/4 (N = 8)."""
+    xi = np.mod(phi, np.pi / 4)
+    return np.abs(np.cos(xi + np.pi / 4) - np.cos(xi) + np.cos(xi - np.pi / 4) - np.cos(xi - np.pi / 2))

@@ -195,7 +195,7 @@ def geodesic_diagnostics(
         row["negativity"] = float(torch.linalg.norm(A.clamp(max=0)) / torch.linalg.norm(A).clamp_min(1e-300))
         s = singular_values(Wl, 10)
         row.update({f"sv{i + 1}": float(s[i]) for i in range(s.numel())})
-        row["effective_rank"] = effective_rank(Wl, 0.1)
+        row["effective_rank"] = effective_rank(Wl, rtol=0.1)
         rows.append(row)
     df = pd.DataFrame(rows)
 

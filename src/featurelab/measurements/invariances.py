@@ -21,7 +21,7 @@ Each invariant is Q = P_1 - P_2 with P_1, P_2 quadratic in the parameters, so on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,7 +110,7 @@ def gram(M: torch.Tensor) -> torch.Tensor:
 
 
 def _sq(params) -> Callable[[Getter], torch.Tensor]:
-    return lambda get: sum((get(p) ** 2).sum() for p in params)
+    return lambda get: torch.stack([(get(p) ** 2).sum() for p in params]).sum()
 
 
 def _out_side(i: int, s):
@@ -164,13 +164,14 @@ def invariants(model) -> InvariantSet:
     prev, channels = None, None
     for i, s in enumerate(net.stages):
         if isinstance(s, Flatten):
-            channels = net.shapes[i][0]
+            shape = net.shapes[i]  # a Flatten reads an image (c, H, W)
+            channels = shape[0] if isinstance(shape, tuple) else None
             continue
         if prev is not None:
             j, out = prev
             inn = _in_side(i, s, channels)
-            reasons = [x for x in (out, inn) if isinstance(x, str)]
-            if reasons:
+            if isinstance(out, str) or isinstance(inn, str):
+                reasons = [x for x in (out, inn) if isinstance(x, str)]
                 skipped.append(f"junction {j}→{i}: " + "; ".join(reasons))
             else:
                 junctions.append(Junction(f"{j}→{i}", (j, "out"), out[0], inn[0], out[1], out[2] and inn[1]))
@@ -258,21 +259,21 @@ def active_units(model, X, junctions: list[Junction]) -> tuple[dict, dict]:
     return active, pattern
 
 
-def risk_gradient(model, X, Y, objective: str) -> list[torch.Tensor]:
+def risk_gradient(model, X, Y, *, objective: str) -> list[torch.Tensor]:
     """∇R for R = data_cost(objective, f(X), Y) (rows = samples), one tensor per parameter."""
     net = as_homogeneous(model)
     params = list(net.parameters())
     return list(torch.autograd.grad(data_cost(objective, net(X), Y), params))
 
 
-def flow_derivative(fn: Callable[[Getter], torch.Tensor], model, X, Y, objective: str) -> torch.Tensor:
-    """d/dt fn(θ) under gradient flow θ' = -∇R, by forward-mode autodiff (torch.func.jvp), Part 5 §3."""
+def flow_derivative(model, X, Y, fn: Callable[[Getter], torch.Tensor], *, objective: str) -> torch.Tensor:
+    """d/dt fn(θ) under gradient flow θ' = -∇R, by forward-mode autodiff (torch.func.jvp), Part 5 §3;
+    fn maps a parameter getter to a tensor (an invariant's value)."""
     net = as_homogeneous(model)
     params = list(net.parameters())
     index = {id(p): k for k, p in enumerate(params)}
-    tangents = tuple(-g.detach() for g in risk_gradient(net, X, Y, objective))
-    _, dt = torch.func.jvp(lambda *ts: fn(lambda p: ts[index[id(p)]]), tuple(p.detach() for p in params), tangents)
-    return dt
+    tangents = tuple(-g.detach() for g in risk_gradient(net, X, Y, objective=objective))
+    return torch.func.jvp(lambda *ts: fn(lambda p: ts[index[id(p)]]), tuple(p.detach() for p in params), tangents)[1]
 
 
 def _dense_pair(net, stage: int) -> tuple[Dense, Dense]:
@@ -290,7 +291,7 @@ def gram_difference(model, stage: int, get: Getter = PARAM) -> torch.Tensor:
     return Wl @ Wl.T - Wn.T @ Wn
 
 
-def noninvariance_flow(model, X, Y, objective: str, stage: int) -> torch.Tensor:
+def noninvariance_flow(model, X, Y, stage: int, *, objective: str) -> torch.Tensor:
     """Φ = dI/dt under gradient flow for I of `gram_difference` (Lemma 4, Part 5 §3; formula ours):
 
         Φ_uv = -Σ_i (∂R/∂f_i)(s_{v,i} - s_{u,i})(g_{v,i} z_{u,i} - g_{u,i} z_{v,i}),
@@ -326,7 +327,7 @@ class InvariantTracker:
     rel_drift = ‖Q(t) - Q(0)‖_F / max_{i, s∈{0,t}} ‖P_i(s)‖_F on the stably in-scope entries.
     """
 
-    def __init__(self, model, X, extra: list[Invariant] = ()):
+    def __init__(self, model, X, extra: Sequence[Invariant] = ()):
         self.net = as_homogeneous(model)
         found = invariants(self.net)
         self.items = found.items + list(extra)

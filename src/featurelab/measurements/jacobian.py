@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from torch.func import functional_call, jacrev, vmap
 
-from ..checks import as_matrix, non_negative
+from ..checks import as_matrix, non_negative, renamed
 from ..errors import FeaturelabError
+from ..models.mlp import MLP
 from ..runtime import float64_copy
 from .ranks import numerical_rank
 
@@ -85,15 +86,16 @@ def jacobian(model: torch.nn.Module, x) -> torch.Tensor:
     return J[0] if single else J
 
 
-def jacobian_ranks(model: torch.nn.Module, x, tol: float = 1e-3) -> torch.Tensor:
-    """Numerical rank #{i: s_i(Jf(x)) > tol·s_1} at each sample (Part 2 §3.2, relative for Jacobians).
+@renamed(tol="rtol")
+def jacobian_ranks(model: torch.nn.Module, x, *, rtol: float = 1e-3) -> torch.Tensor:
+    """Numerical rank #{i: s_i(Jf(x)) > rtol·s_1} at each sample (Part 2 §3.2, relative for Jacobians).
 
     x: ``N x d_in`` (or ``N x c x ...`` images) -> int64 tensor of length N (a 1-D x -> a 0-d tensor); each
     rank is at most min(d_out, d_in). Rank_J(f; Ω) is its maximum.
     """
-    non_negative("tol", tol)
+    non_negative("rtol", rtol)
     J = jacobian(model, x)
-    ranks = [numerical_rank(Ji, tol) for Ji in (J[None] if J.ndim == 2 else J)]
+    ranks = [numerical_rank(Ji, rtol=rtol) for Ji in (J[None] if J.ndim == 2 else J)]
     out = torch.tensor(ranks, dtype=torch.int64)
     return out[0] if J.ndim == 2 else out
 
@@ -118,7 +120,7 @@ def ntk_trace(model: torch.nn.Module, x, include_frozen: bool = False) -> torch.
 
     def trace(xi):
         grads = jacrev(lambda p: _per_sample(model, {**p, **rest}, xi))(params)
-        return sum((g**2).sum() for g in grads.values())
+        return torch.stack([(g**2).sum() for g in grads.values()]).sum()
 
     t = vmap(trace)(X)
     return t[0] if single else t
@@ -131,7 +133,7 @@ def ntk_trace_closed_form(model, x) -> torch.Tensor:
 
     x: ``N x d_in`` -> length-N tensor (a 1-D x -> 0-d). An independent cross-check of `ntk_trace`.
     """
-    if not hasattr(model, "weight_matrices") or not hasattr(model, "linear_tail"):
+    if not isinstance(model, MLP):
         raise FeaturelabError(f"ntk_trace_closed_form needs a featurelab MLP, got {type(model).__name__}")
     X, single = _inputs(x, model)
     net = float64_copy(model)

@@ -23,7 +23,7 @@ import torch
 from ..checks import as_matrix, int_at_least
 from ..errors import FeaturelabError
 from ..models.conv import Conv
-from ..models.residual import Dense, Flatten, as_homogeneous
+from ..models.residual import Dense, Flatten, ResBlock, as_homogeneous
 
 MAX_PATHS = 1000
 
@@ -92,7 +92,8 @@ def neuron_graph(model) -> Graph:
                                         edges.append((int(cur[ci, iy, ix]), o + ((co * c_in + ci) * kh + p) * kw + q))
                         in_edges[int(out[co, y, x])] = edges
             cur = out
-        else:  # ResBlock
+        else:
+            assert isinstance(s, ResBlock)  # HomogeneousNet admits nothing else
             hid = new(s.b, [s.leak_in] * s.b)
             o1, o2 = offsets[id(s.V1)], offsets[id(s.V2)]
             for j, v in enumerate(hid.tolist()):
@@ -229,7 +230,7 @@ class TreeNetwork:
         leaves = Z * self.signs.to(Z.dtype)
         values = []
         for leak, children in self.nodes:
-            z = sum(s * (leaves[:, -1 - c] if c < 0 else values[c]) for c, s in children)
+            z = torch.stack([s * (leaves[:, -1 - c] if c < 0 else values[c]) for c, s in children]).sum(0)
             values.append(torch.where(z > 0, z, leak * z))
         return values[-1]
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..checks import as_matrix, non_negative
+from ..checks import as_matrix, non_negative, renamed
 
 
 def singular_values(M, k: int | None = None) -> torch.Tensor:
@@ -45,8 +45,8 @@ def _entropy(s: torch.Tensor) -> float:
     return math.exp(float(-(p * torch.log(p)).sum()))
 
 
-def _numerical(s: torch.Tensor, tol: float, relative: bool) -> int:
-    return 0 if _zero(s) else int((s > (tol * s[0] if relative else tol)).sum())
+def _numerical(s: torch.Tensor, rtol: float, atol: float) -> int:
+    return 0 if _zero(s) else int((s > max(rtol * float(s[0]), atol)).sum())
 
 
 def stable_rank(M) -> float:
@@ -59,12 +59,13 @@ def nuclear_rank(M) -> float:
     return _nuclear(singular_values(M))
 
 
-def effective_rank(M, rel: float = 0.1) -> int:
-    """#{i : s_i >= rel·s_1} (Part 1 §3.6, the "k* large singular values" count); 0 for the zero matrix.
+@renamed(rel="rtol")
+def effective_rank(M, *, rtol: float = 0.1) -> int:
+    """#{i : s_i >= rtol·s_1} (Part 1 §3.6, the "k* large singular values" count); 0 for the zero matrix.
 
     A threshold count; for the entropy effective rank of Roy & Vetterli see `entropy_rank`."""
-    non_negative("rel", rel)
-    return _count(singular_values(M), rel)
+    non_negative("rtol", rtol)
+    return _count(singular_values(M), rtol)
 
 
 def entropy_rank(M) -> float:
@@ -74,21 +75,25 @@ def entropy_rank(M) -> float:
     return _entropy(singular_values(M))
 
 
-def numerical_rank(M, tol: float = 1e-3, relative: bool = True) -> int:
-    """#{i : s_i > tol·s_1} (relative) or #{i : s_i > tol} (absolute) (Part 2 §3.2-3.3)."""
-    non_negative("tol", tol)
-    return _numerical(singular_values(M), tol, relative)
+@renamed(tol="rtol")
+def numerical_rank(M, *, rtol: float = 1e-3, atol: float = 0.0) -> int:
+    """#{i : s_i > max(rtol·s_1, atol)} (Part 2 §3.2-3.3: relative for Jacobians; ``rtol=0, atol=t`` is the
+    absolute count #{s_i > t})."""
+    non_negative("rtol", rtol)
+    non_negative("atol", atol)
+    return _numerical(singular_values(M), rtol, atol)
 
 
-def spectrum_ranks(s: torch.Tensor, rel: float = 0.1, tol: float = 1e-3) -> dict[str, float]:
+def spectrum_ranks(s: torch.Tensor, *, effective_rtol: float = 0.1, numerical_rtol: float = 1e-3) -> dict[str, float]:
     """Every rank above from one vector of singular values `s` (decreasing, as `singular_values` returns):
-    stable_rank, nuclear_rank, effective_rank (threshold `rel`), entropy_rank and numerical_rank (relative `tol`)."""
-    non_negative("rel", rel)
-    non_negative("tol", tol)
+    stable_rank, nuclear_rank, effective_rank (threshold `effective_rtol`), entropy_rank and numerical_rank
+    (relative threshold `numerical_rtol`)."""
+    non_negative("effective_rtol", effective_rtol)
+    non_negative("numerical_rtol", numerical_rtol)
     return {
         "stable_rank": _stable(s),
         "nuclear_rank": _nuclear(s),
-        "effective_rank": _count(s, rel),
+        "effective_rank": _count(s, effective_rtol),
         "entropy_rank": _entropy(s),
-        "numerical_rank": _numerical(s, tol, True),
+        "numerical_rank": _numerical(s, numerical_rtol, 0.0),
     }

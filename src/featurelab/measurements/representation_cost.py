@@ -10,20 +10,21 @@ All computations are in float64.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..checks import as_matrix, int_at_least, non_negative
+from ..checks import as_matrix, int_at_least, non_negative, renamed
 from ..errors import FeaturelabError
+from ..results import Result
 from .ranks import numerical_rank, singular_values
 
 
-def _rank(name: str, M: torch.Tensor, rank: int | None, tol: float) -> int:
-    """`rank` checked against M's shape, or M's numerical rank #{s_i > tol·s_1}."""
+def _rank(name: str, M: torch.Tensor, rank: int | None, rtol: float) -> int:
+    """`rank` checked against M's shape, or M's numerical rank #{s_i > rrtol·s_1}."""
     if rank is None:
-        return numerical_rank(M, tol)
+        return numerical_rank(M, rtol=rtol)
     int_at_least(name, rank, 0)
     if rank > min(M.shape):
         raise FeaturelabError(
@@ -32,34 +33,37 @@ def _rank(name: str, M: torch.Tensor, rank: int | None, tol: float) -> int:
     return rank
 
 
-def log_pdet(M, rank: int | None = None, tol: float = 1e-3) -> float:
+@renamed(tol="rtol")
+def log_pdet(M, rank: int | None = None, *, rtol: float = 1e-3) -> float:
     """log|M|_+ = Σ_{i<=k} log s_i(M), the log pseudo-determinant (docs/theory/bottleneck-rank.md §2.2, §3.3).
 
     M: any 2-D matrix (no samples convention; the value is transpose-invariant).
-    rank: k, the number of singular values kept; default the numerical rank #{s_i > tol·s_1}
+    rank: k, the number of singular values kept; default the numerical rank #{s_i > rtol·s_1}
         (relative, as Part 2 §3.2 prescribes for Jacobians).
     Raises a one-line error when M has no nonzero singular value or s_k(M) = 0.
     """
     M = as_matrix("M", M)
-    non_negative("tol", tol)
+    non_negative("rtol", rtol)
     s = singular_values(M)
     if not s.numel() or s[0] == 0:
         raise FeaturelabError(f"M (shape {tuple(M.shape)}) has no nonzero singular value, so log|M|_+ is undefined")
-    k = _rank("rank", M, rank, tol)
+    k = _rank("rank", M, rank, rtol)
     if k and s[k - 1] == 0:
         raise FeaturelabError(f"rank={k} is not allowed: M has only {int((s > 0).sum())} nonzero singular values")
     return float(torch.log(s[:k]).sum())
 
 
-def pdet(M, rank: int | None = None, tol: float = 1e-3) -> float:
+@renamed(tol="rtol")
+def pdet(M, rank: int | None = None, *, rtol: float = 1e-3) -> float:
     """|M|_+ = Π_{i<=k} s_i(M), the pseudo-determinant (Part 2 §2.2); arguments as `log_pdet`."""
-    return math.exp(log_pdet(M, rank, tol))
+    return math.exp(log_pdet(M, rank, rtol=rtol))
 
 
-def pseudo_log(P, tol: float = 1e-10) -> torch.Tensor:
+@renamed(tol="rtol")
+def pseudo_log(P, *, rtol: float = 1e-10) -> torch.Tensor:
     """Log_+ P: the pseudo-logarithm of a symmetric PSD matrix P (n x n, Part 2 §2.2).
 
-    Maps each eigenvalue μ > tol·μ_max to log μ and the (numerical) kernel to 0, keeping eigenvectors;
+    Maps each eigenvalue μ > rtol·μ_max to log μ and the (numerical) kernel to 0, keeping eigenvectors;
     ``‖Log_+(AᵀA)‖²_F = 4 Σ_i (log s_i(A))²``. Computed with `torch.linalg.eigh` in float64.
     """
     P = as_matrix("P", P)
@@ -68,36 +72,38 @@ def pseudo_log(P, tol: float = 1e-10) -> torch.Tensor:
     mu, V = torch.linalg.eigh(P)
     if (mu < -1e-8 * mu.abs().max()).any():
         raise FeaturelabError(f"P must be positive semi-definite; its smallest eigenvalue is {float(mu.min()):.3g}")
-    keep = mu > tol * mu.max()
+    keep = mu > rtol * mu.max()
     logs = torch.where(keep, torch.log(mu.clamp_min(torch.finfo(mu.dtype).tiny)), torch.zeros_like(mu))
     return (V * logs) @ V.T
 
 
-def linear_representation_cost(A, L: int, tol: float = 1e-10) -> float:
+@renamed(tol="rtol")
+def linear_representation_cost(A, L: int, *, rtol: float = 1e-10) -> float:
     """R(A; L) = L Σ_i s_i(A)^{2/L} = L‖A‖_{2/L}^{2/L}: the minimal ‖θ‖² of a depth-L bias-free linear
     network computing A (docs/theory/bottleneck-rank.md §2.2; exact for every L >= 1). A: ``d_out x d_in``.
 
-    Singular values <= tol·s_1 count as zero: rounding leaves ~1e-16 where A has none, and s^{2/L} of
+    Singular values <= rtol·s_1 count as zero: rounding leaves ~1e-16 where A has none, and s^{2/L} of
     that is not small at large L (1e-16^{2/7} ≈ 3e-5)."""
     A = as_matrix("A", A)
     int_at_least("L", L, 1)
-    non_negative("tol", tol)
+    non_negative("rtol", rtol)
     s = singular_values(A)
-    s = s[s > tol * s[0]] if s.numel() else s
+    s = s[s > rtol * s[0]] if s.numel() else s
     return float(L * (s ** (2.0 / L)).sum())
 
 
-def balanced_factorization(A, L: int, rank: int | None = None, tol: float = 1e-10) -> list[torch.Tensor]:
+@renamed(tol="rtol")
+def balanced_factorization(A, L: int, rank: int | None = None, *, rtol: float = 1e-10) -> list[torch.Tensor]:
     """Weights ``[W_1, ..., W_L]`` with ``W_L ⋯ W_1 = A`` and Σ‖W_ℓ‖²_F = R(A; L) (Part 2 §2.2).
 
     With the compact SVD A = U S Vᵀ (k = rank terms): W_1 = S^{1/L}Vᵀ (k x d_in), W_ℓ = S^{1/L} (k x k),
     W_L = U S^{1/L} (d_out x k); for L = 1 the single weight is A itself. A: ``d_out x d_in`` (the
     weight-matrix convention of `MLP`: a sample row x maps to ``x @ A.T``). rank defaults to the
-    numerical rank #{s_i > tol·s_1}.
+    numerical rank #{s_i > rtol·s_1}.
     """
     A = as_matrix("A", A)
     int_at_least("L", L, 1)
-    k = _rank("rank", A, rank, tol)
+    k = _rank("rank", A, rank, rtol)
     if k == 0:
         raise FeaturelabError("A has rank 0: the zero map has no compact SVD to factorize (its cost is 0)")
     if L == 1:
@@ -107,7 +113,8 @@ def balanced_factorization(A, L: int, rank: int | None = None, tol: float = 1e-1
     return [root[:, None] * Vh[:k]] + [torch.diag(root) for _ in range(L - 2)] + [U[:, :k] * root]
 
 
-class ExpansionTerms(NamedTuple):
+@dataclass(frozen=True)
+class ExpansionTerms(Result):
     """The large-depth expansion of the linear cost, R(A;L) = L·rank + r1 + r2/L + r3/L² + O(L⁻³)
     (Part 2 §2.2): rank; r1 = 2 log|A|_+; r2 = ½‖Log_+AᵀA‖²_F = 2Σ(log s_i)²; r3 = (4/3)Σ(log s_i)³."""
 
@@ -121,18 +128,20 @@ class ExpansionTerms(NamedTuple):
         return L * self.rank + self.r1 + self.r2 / L
 
 
-def linear_expansion(A, rank: int | None = None, tol: float = 1e-10) -> ExpansionTerms:
+@renamed(tol="rtol")
+def linear_expansion(A, rank: int | None = None, *, rtol: float = 1e-10) -> ExpansionTerms:
     """R⁽⁰⁾ = Rank A, R⁽¹⁾ = 2 log|A|_+, R⁽²⁾ = ½‖Log_+AᵀA‖²_F of a linear map A (Part 2 §2.2), and the
-    next coefficient (4/3)Σ(log s_i)³. rank defaults to the numerical rank #{s_i > tol·s_1}."""
+    next coefficient (4/3)Σ(log s_i)³. rank defaults to the numerical rank #{s_i > rtol·s_1}."""
     A = as_matrix("A", A)
-    k = _rank("rank", A, rank, tol)
+    k = _rank("rank", A, rank, rtol)
     if k == 0:
         return ExpansionTerms(0, 0.0, 0.0, 0.0)
     logs = torch.log(singular_values(A, k))
     return ExpansionTerms(k, float(2 * logs.sum()), float(2 * (logs**2).sum()), float(4 / 3 * (logs**3).sum()))
 
 
-class RepresentationCostFit(NamedTuple):
+@dataclass(frozen=True)
+class RepresentationCostFit(Result):
     """The depth fit of one rank class (Part 2 §3.5).
 
     R0: slope of ‖θ‖² in L (estimates R⁽⁰⁾).  R1: intercept (estimates R⁽¹⁾).

@@ -14,20 +14,26 @@ inverse is formed.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple, overload
 
 import torch
 
-from ..checks import as_matrix, non_negative, positive, same_rows
+from ..checks import as_matrix, non_negative, positive, renamed, same_rows
 from ..errors import FeaturelabError
 from ..models.convert import as_mlp
 from ..models.mlp import MLP, mlp_with_weights
+from ..results import Result
 from ..training.objectives import data_cost
 
 RTOL = 1e-10
 
 
 # ------------------------------------------------------------------------------------ inputs
+@overload
+def check_inputs(model, X, Y: None = None, homogeneous: bool = False) -> tuple[torch.Tensor, None]: ...
+@overload
+def check_inputs(model, X, Y, homogeneous: bool = False) -> tuple[torch.Tensor, torch.Tensor]: ...
 def check_inputs(model, X, Y=None, homogeneous: bool = False):
     """Validate an `MLP` and its data; return ``(X, Y)`` as float64 (Y: int labels kept as int64).
 
@@ -114,7 +120,8 @@ def sigma_prime(model: MLP, Z: torch.Tensor, layer: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- Prop. 1 reformulation
-class RepresentationLoss(NamedTuple):
+@dataclass(frozen=True)
+class RepresentationLoss(Result):
     """L^rep of Part 3 Prop. 1 evaluated at the representations of a network.
 
     loss = cost + lam·Σ norms; norms[l-1] = ‖W_l^min‖² = ‖A_{l-1}⁺ Z_l‖²;
@@ -131,7 +138,7 @@ class RepresentationLoss(NamedTuple):
 
 
 def representation_loss(
-    model: MLP, X, Y, lam: float, objective: str | None = None, form: str = "projection", rtol: float = RTOL
+    model: MLP, X, Y, lam: float, *, objective: str | None = None, form: str = "projection", rtol: float = RTOL
 ) -> RepresentationLoss:
     """L^rep(Z_1..Z_L) = C(Z_L) + λ Σ_l ‖Z_l (Z^σ_{l-1})⁺‖² at ``Z = Z(θ)`` (docs/theory/sparsity.md §2, Prop. 1).
 
@@ -162,7 +169,7 @@ def representation_loss(
     return RepresentationLoss(cost + lam * sum(norms), cost, norms, weights, ranks, conds)
 
 
-def regularized_loss(model: MLP, X, Y, lam: float, objective: str | None = None) -> float:
+def regularized_loss(model: MLP, X, Y, lam: float, *, objective: str | None = None) -> float:
     """L_λ(θ) = C(f_θ(X)) + λ‖θ‖² in float64 (Part 3 §1), the loss the trainer minimizes."""
     model = as_mlp(model)
     X, Y = check_inputs(model, X, Y)
@@ -173,7 +180,8 @@ def regularized_loss(model: MLP, X, Y, lam: float, objective: str | None = None)
 
 
 # ----------------------------------------------------------------------------------- forces
-class LayerForces(NamedTuple):
+@dataclass(frozen=True)
+class LayerForces(Result):
     """Forces on the representation ``Z_l`` (``N x n_l``) of layer `layer` (Part 3 §2, plotted as -λ∇).
 
     attraction: ``F^att = -λ∇a_l`` with ``a_l = ‖Z_l(Z^σ_{l-1})⁺‖²`` (points toward the origin).
@@ -189,7 +197,9 @@ class LayerForces(NamedTuple):
     balance: float
 
 
-def layer_forces(model: MLP, X, Y, lam: float, objective: str | None = None, rtol: float = RTOL) -> list[LayerForces]:
+def layer_forces(
+    model: MLP, X, Y, lam: float, *, objective: str | None = None, rtol: float = RTOL
+) -> list[LayerForces]:
     """Attraction and repulsion on every layer's representation, explicit formulas (Part 3 §2 "Forces").
 
     Rows are samples; in our layout (the papers' formulas transposed)
@@ -243,7 +253,8 @@ def principal_view(F: LayerForces, view: str = "datapoint", k: int = 2, max_poin
 
 
 # ----------------------------------------------------------------------------- covariance pairs
-class CovariancePair(NamedTuple):
+@dataclass(frozen=True)
+class CovariancePair(Result):
     """The covariance pair of hidden layer `layer` (Part 3 §3): K = Z Zᵀ and K^σ = σ(Z)σ(Z)ᵀ + β²11ᵀ (N x N)."""
 
     layer: int
@@ -267,11 +278,12 @@ def covariance_pairs(model: MLP, X) -> list[CovariancePair]:
 
 
 # ---------------------------------------------------------------- projected GD on representations
+@renamed(eps_rel="rtol")
 def tikhonov_loss(
-    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, objective: str | None = None, eps_rel: float = 1e-8
+    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, *, objective: str | None = None, rtol: float = 1e-8
 ) -> torch.Tensor:
     """L^rep of free representations in the Tikhonov form C(Z_L) + λ Σ Tr[Z_lᵀ (K^σ_{l-1} + εI)^-1 Z_l]
-    with ε = eps_rel·Tr K^σ_{l-1}/N (Part 3 §2 "Stable evaluation"), differentiable in `Zs`.
+    with ε = rtol·Tr K^σ_{l-1}/N (Part 3 §2 "Stable evaluation"), differentiable in `Zs`.
 
     Zs: ``[Z_1..Z_L]``, ``Z_l`` is ``N x n_l`` (rows samples; the architecture's σ and β are `model`'s).
     Solves go through a Cholesky factor of ``K^σ + εI``.
@@ -280,7 +292,7 @@ def tikhonov_loss(
     for l, Z in enumerate(Zs, start=1):
         A = model.with_bias(a)
         Ks = A @ A.T
-        eps = eps_rel * torch.trace(Ks).detach() / Ks.shape[0]
+        eps = rtol * torch.trace(Ks).detach() / Ks.shape[0]
         C = torch.linalg.cholesky(Ks + eps * torch.eye(Ks.shape[0], dtype=Ks.dtype))
         total = total + (torch.linalg.solve_triangular(C, Z, upper=False) ** 2).sum()
         if l < len(Zs):
@@ -288,7 +300,7 @@ def tikhonov_loss(
     return data_cost(default_objective(Y, objective), Zs[-1], Y) + lam * total
 
 
-def project_representations(model: MLP, X, Zs: list[torch.Tensor], rtol: float = RTOL) -> list[torch.Tensor]:
+def project_representations(model: MLP, X, Zs: list[torch.Tensor], *, rtol: float = RTOL) -> list[torch.Tensor]:
     """Π of Part 3 §2: for l = 1..L in order, ``Z_l <- A_{l-1} A_{l-1}⁺ Z_l`` (paper: Z_ℓ(Z^σ)⁺Z^σ), where
     ``A_{l-1}`` is built from the already projected ``Z_{l-1}``. Rows are samples; returns new tensors."""
     a, out = X, []
@@ -301,7 +313,7 @@ def project_representations(model: MLP, X, Zs: list[torch.Tensor], rtol: float =
 
 
 def projected_gd_step(
-    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, lr: float, objective: str | None = None
+    model: MLP, X, Zs: list[torch.Tensor], Y, lam: float, lr: float, *, objective: str | None = None
 ) -> list[torch.Tensor]:
     """One step ``Z <- Π(Z - lr ∇L^rep)`` of projected gradient descent on representations (Part 3 §2).
 
@@ -318,13 +330,13 @@ def projected_gd_step(
         same_rows("X", X, "Z", Z)
         if Z.shape[1] != n:
             raise FeaturelabError(f"a representation has {Z.shape[1]} columns but its layer has width {n}")
-    grads = torch.autograd.grad(tikhonov_loss(model, X, Zs, Y, lam, objective), Zs)
+    grads = torch.autograd.grad(tikhonov_loss(model, X, Zs, Y, lam, objective=objective), Zs)
     with torch.no_grad():
         return project_representations(model, X, [Z - lr * g for Z, g in zip(Zs, grads)])
 
 
 def weights_from_representations(
-    model: MLP, X, Zs: list[torch.Tensor], rtol: float = RTOL
+    model: MLP, X, Zs: list[torch.Tensor], *, rtol: float = RTOL
 ) -> tuple[list[torch.Tensor], list[float]]:
     """θ(Z) = (Z_l (Z^σ_{l-1})⁺)_l, the min-norm weights of Prop. 1, via ``lstsq`` (gelsd, rcond = rtol).
 
@@ -344,7 +356,7 @@ def weights_from_representations(
 
 
 def representation_descent(
-    model: MLP, X, Y, lam: float, lr: float, steps: int, objective: str | None = None
+    model: MLP, X, Y, lam: float, lr: float, steps: int, *, objective: str | None = None
 ) -> tuple[MLP, list[float]]:
     """Projected gradient descent on the representations as an optimizer (Part 3 §2, experimental).
 
@@ -355,10 +367,10 @@ def representation_descent(
 
     X, Y = check_inputs(model, X, Y)
     Zs = layers(model, X).pre
-    history = [representation_loss(model, X, Y, lam, objective).loss]
+    history = [representation_loss(model, X, Y, lam, objective=objective).loss]
     for _ in range(steps):
-        Zs = projected_gd_step(model, X, Zs, Y, lam, lr, objective)
+        Zs = projected_gd_step(model, X, Zs, Y, lam, lr, objective=objective)
         net = mlp_with_weights(model, weights_from_representations(model, X, Zs)[0])
-        history.append(representation_loss(net, X, Y, lam, objective).loss)
+        history.append(representation_loss(net, X, Y, lam, objective=objective).loss)
     net = mlp_with_weights(model, weights_from_representations(model, X, Zs)[0])
     return net, history

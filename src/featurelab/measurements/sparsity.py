@@ -14,7 +14,7 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
-from ..checks import int_at_least, nonempty, positive
+from ..checks import int_at_least, nonempty, positive, renamed
 from ..errors import FeaturelabError
 from ..models.convert import as_mlp
 from ..models.mlp import MLP, mlp_with_weights
@@ -46,14 +46,15 @@ def _replace_layer(weights, l: int, W_in: torch.Tensor, W_out: torch.Tensor, bia
 
 
 # ------------------------------------------------------------------------------ 5a: merge
-def merge_aligned_neurons(model: MLP, X, tol: float = 1e-9) -> tuple[MLP, pd.DataFrame]:
+@renamed(tol="atol")
+def merge_aligned_neurons(model: MLP, X, *, atol: float = 1e-9) -> tuple[MLP, pd.DataFrame]:
     """Delete dead neurons and merge neurons with proportional σ-vectors (docs/theory/sparsity.md §5a).
 
-    In each hidden layer (in order), neurons whose σ-vectors ``a_i = σ(Z_l)[:, i]`` have cosine >= 1 - tol
+    In each hidden layer (in order), neurons whose σ-vectors ``a_i = σ(Z_l)[:, i]`` have cosine >= 1 - atol
     with a group leader s are merged: ``c_i = ⟨a_i, s⟩/‖s‖²``, ``w = w_r/c_r`` with ``r = argmin ‖w_i‖/c_i``,
     ``u = Σ c_i v_i``, ``t = (‖u‖/‖w‖)^½``, new neuron ``(t w, u/t)``. Because σ is positively homogeneous the
-    training outputs are unchanged when the σ-vectors are exactly proportional (tol = 1e-9, "exact mode");
-    with tol = 1e-3 ("approximate mode") they change and the report says by how much. The parameter norm
+    training outputs are unchanged when the σ-vectors are exactly proportional (atol = 1e-9, "exact mode");
+    with atol = 1e-3 ("approximate mode") they change and the report says by how much. The parameter norm
     does not increase: ``2‖w‖‖u‖ <= Σ 2‖w_i‖‖v_i‖ <= Σ(‖w_i‖² + ‖v_i‖²)``.
 
     X: ``N x d_in`` training inputs. Returns the merged float64 `MLP` and a report with one row per hidden
@@ -61,7 +62,7 @@ def merge_aligned_neurons(model: MLP, X, tol: float = 1e-9) -> tuple[MLP, pd.Dat
     """
     model = as_mlp(model)
     X, _ = check_inputs(model, X, homogeneous=True)
-    positive("tol", tol)
+    positive("atol", atol)
     lay = layers(model, X)
     W, ref = list(lay.weights), lay.pre[-1]
     rows = [
@@ -84,7 +85,7 @@ def merge_aligned_neurons(model: MLP, X, tol: float = 1e-9) -> tuple[MLP, pd.Dat
         for i in alive:
             if i not in left:
                 continue
-            group = [j for j in alive if j in left and cos[i, j] >= 1 - tol]
+            group = [j for j in alive if j in left and cos[i, j] >= 1 - atol]
             left -= set(group)
             s = S[:, i]
             c = torch.stack([S[:, j] @ s for j in group]) / (s @ s)
@@ -181,7 +182,7 @@ def caratheodory_weights(null: torch.Tensor) -> torch.Tensor:
     return a
 
 
-def caratheodory_reduce(model: MLP, X, rtol: float = NULL_RTOL) -> tuple[MLP, pd.DataFrame]:
+def caratheodory_reduce(model: MLP, X, *, rtol: float = NULL_RTOL) -> tuple[MLP, pd.DataFrame]:
     """Exact width reduction keeping every hidden layer's covariance pair (docs/theory/sparsity.md §5b, Lemma 10).
 
     For each hidden layer l in order: drop dead neurons (zero σ-vector), find the null space of the

@@ -2,9 +2,11 @@
 
 from .conv import Conv
 from .convert import as_mlp, from_torch, to_torch
+from .forward import Forward
 from .leaky_resnet import LeakyResNet, adaptive_update, equidistant_steps, irregular_steps, project_steps
-from .mlp import MLP, Forward, leaky_relu, mlp_with_weights
+from .mlp import MLP, leaky_relu, mlp_with_weights
 from .residual import Dense, Flatten, HomogeneousNet, ResBlock, as_homogeneous
+from .weights import weight_list
 
 __all__ = [
     # fully-connected nets (Parts 2-5)
@@ -16,6 +18,7 @@ __all__ = [
     "from_torch",
     "to_torch",
     "as_mlp",
+    "weight_list",
     # Leaky ResNets and their layer steps (Part 1)
     "LeakyResNet",
     "equidistant_steps",

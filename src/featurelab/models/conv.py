@@ -78,6 +78,8 @@ class Conv(nn.Module):
     ``forward`` maps ``N x c_in x H x W`` to the pre-activation ``N x c_out x H' x W'``; `act` applies σ.
     """
 
+    leak: torch.Tensor  # buffer, one slope per output channel
+
     def __init__(
         self,
         c_in: int,
@@ -112,7 +114,7 @@ class Conv(nn.Module):
         c_out, c_in, kh, kw = self.weight.shape
         return min(c_in, kh * kw)
 
-    def out_shape(self, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, int, int]:
         """Output ``(c_out, H', W')`` for input ``(c_in, H, W)``."""
         c_out, c_in, kh, kw = self.weight.shape
         if len(shape) != 3 or shape[0] != c_in:

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..checks import int_at_least, one_of, positive
 from ..errors import FeaturelabError
+from .forward import Forward
 
 STEP_SCHEMES = ("equidistant", "irregular", "adaptive")
 IO_MODES = ("fixed", "learned")
@@ -100,6 +101,10 @@ class LeakyResNet(nn.Module):
     Attributes: ``W`` (Parameter, L x w x (w+1)), ``rho`` (buffer, float64, L), ``U_in`` (w x d_in),
     ``V_out`` (d_out x w), ``rho_history`` (list of ρ vectors after each adaptive update).
     """
+
+    rho: torch.Tensor
+    U_in: torch.Tensor
+    V_out: torch.Tensor
 
     def __init__(
         self,
@@ -205,14 +210,17 @@ class LeakyResNet(nn.Module):
         return reps
 
     def forward(self, X: torch.Tensor, return_layers: bool = False, rho: torch.Tensor | None = None):
-        """X: N x d_in -> Ŷ: N x d_out; with ``return_layers=True`` returns ``(Ŷ, [A_0..A_L])``."""
+        """X: N x d_in -> Ŷ: N x d_out; with ``return_layers=True`` a `Forward` with ``output`` Ŷ,
+        ``pre = [A_0, ..., A_L]`` (the representations, N x w) and ``act = [σ(A_0), ..., σ(A_{L-1})]``
+        (N x (w+1), the inputs of the W_l)."""
         reps = self.representations(X, rho=rho)
         out = reps[-1] @ self.V_out.T
-        return (out, reps) if return_layers else out
+        return Forward(out, reps, [self.sigma(A) for A in reps[:-1]]) if return_layers else out
 
     # -------------------------------------------------------------------------- parameters
     def layer_matrices(self) -> list[torch.Tensor]:
-        """``[W_1, ..., W_L]`` (each w x (w+1), bias column included): the spectra Part 1 plots."""
+        """``[W_1, ..., W_L]`` (each w x (w+1), bias column included, since W_l acts on ``σ(A) = [ReLU(A), 1]``):
+        the spectra Part 1 plots. `MLP.layer_matrices` leaves its bias column out."""
         return list(self.W)
 
     def penalty(self, lam: float, rho: torch.Tensor | None = None) -> torch.Tensor:

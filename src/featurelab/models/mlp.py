@@ -17,29 +17,16 @@ otherwise (a = 0: ReLU, a = 1: linear, a ∈ (-1, 1) in Part 2); σ'(0) = a, as 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from ..checks import int_at_least, non_negative, one_of
 from ..errors import FeaturelabError
+from .forward import Forward
 
 ACTIVATIONS = ("leaky_relu", "tanh")
 INITS = ("he", "fan_in", "absolute")
-
-
-class Forward(NamedTuple):
-    """Every layer of one forward pass (rows are samples).
-
-    output: ``N x d_out`` (= ``pre[-1]``).
-    pre:    ``[Z_1, ..., Z_L]``, pre-activations, ``pre[l-1]`` is ``N x n_l``.
-    act:    ``[Zσ_0 = X, Zσ_1, ..., Zσ_{L-1}]``, activations without the bias column.
-    """
-
-    output: torch.Tensor
-    pre: list[torch.Tensor]
-    act: list[torch.Tensor]
 
 
 def leaky_relu(x: torch.Tensor, leak: float) -> torch.Tensor:
@@ -143,7 +130,9 @@ class MLP(nn.Module):
         return torch.cat([a, torch.full_like(a[:, :1], self.bias)], dim=1)
 
     def forward(self, X: torch.Tensor, return_layers: bool = False):
-        """X: ``N x d_in`` -> output ``N x d_out``; with ``return_layers=True`` a `Forward` of every layer."""
+        """X: ``N x d_in`` -> output ``N x d_out``; with ``return_layers=True`` a `Forward` with
+        ``output`` (= ``pre[-1]``), ``pre = [Z_1, ..., Z_L]`` (``pre[l-1]`` is ``N x n_l``) and
+        ``act = [Zσ_0 = X, Zσ_1, ..., Zσ_{L-1}]`` (activations without the bias column)."""
         a, pre, act = X, [], [X]
         for l, W in enumerate(self.weights, start=1):
             z = self.with_bias(a) @ W.T
@@ -167,12 +156,14 @@ class MLP(nn.Module):
         return [self.bias * W[:, -1] for W in self.weights]
 
     def layer_matrices(self) -> list[torch.Tensor]:
-        """Matrices whose spectra the trainer logs: the weight matrices without bias column."""
+        """Matrices whose spectra the trainer logs: ``[W_1, ..., W_L]`` without the bias column (the
+        bias is not part of the features' linear map; `LeakyResNet.layer_matrices` keeps it because
+        Part 1's W_l acts on ``[A, 1]``)."""
         return self.weight_matrices()
 
     def sq_norm(self) -> torch.Tensor:
         """‖θ‖² = Σ_l ‖W_l‖²_F including the bias columns."""
-        return sum((W**2).sum() for W in self.weights)
+        return torch.stack([(W**2).sum() for W in self.weights]).sum()
 
     def penalty(self, lam: float) -> torch.Tensor:
         """L2 penalty λ‖θ‖² of Parts 2-3 (the loss is C + λ‖θ‖²)."""

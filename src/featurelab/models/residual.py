@@ -15,7 +15,7 @@ Residual blocks (x ∈ R^a, V_1 ∈ R^{b x a}; Part 5 §1), with rows for sample
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from torch import nn
 from ..checks import int_at_least, non_negative, one_of
 from ..errors import FeaturelabError
 from .conv import Conv, leaky, unfold_out, unit_leaks
+from .forward import Forward
 from .mlp import MLP
 
 BLOCK_KINDS = ("identity", "diagonal", "free")
@@ -39,11 +40,13 @@ class Dense(nn.Module):
     """Bias-free FC layer ``z = a Wᵀ`` (W: ``d_out x d_in``) followed by unit-wise σ with slope `leak`
     (a number or ``d_out`` numbers; 0 ReLU, 1 linear). ``weight=`` reuses an existing Parameter."""
 
+    leak: torch.Tensor  # buffer, one slope per output unit
+
     def __init__(
         self,
         d_in: int,
         d_out: int,
-        leak=0.0,
+        leak: float | Sequence[float] | torch.Tensor = 0.0,
         init_scale: float = 1.0,
         generator: torch.Generator | None = None,
         dtype=torch.float64,
@@ -153,21 +156,12 @@ def block_in_matrix(block: ResBlock, get=lambda p: p) -> torch.Tensor:
     return get(block.V1)
 
 
-class Forward(NamedTuple):
-    """One forward pass: output ``N x 1``; `pre[(i, tag)]` and `act[(i, tag)]` the pre- and
-    post-activations of stage i's units (tag "out", or "hidden" inside a block), rows = samples."""
-
-    output: torch.Tensor
-    pre: dict
-    act: dict
-
-
 class HomogeneousNet(nn.Module):
     """A sequence of `Dense`, `Conv`, `Flatten` and `ResBlock` stages with scalar, linear output
     (Part 5 §1). `input_shape` is ``(c, H, W)`` when the first stage is a Conv (rows of X are then
     channel-major images), else None. The last stage must be a Dense with one linear output unit."""
 
-    def __init__(self, stages: list[nn.Module], input_shape: tuple[int, int, int] | None = None):
+    def __init__(self, stages: Sequence[nn.Module], input_shape: tuple[int, int, int] | None = None):
         super().__init__()
         self.stages = nn.ModuleList(stages)
         if (
@@ -177,6 +171,7 @@ class HomogeneousNet(nn.Module):
             or float(stages[-1].leak[0]) != 1.0
         ):
             raise FeaturelabError("stages must end with Dense(n, 1, leak=1.0): Part 5 networks have one linear output")
+        shape: int | tuple[int, ...]
         if input_shape is not None:
             shape = tuple(input_shape)
         elif isinstance(stages[0], Dense):
@@ -195,17 +190,20 @@ class HomogeneousNet(nn.Module):
                 if not isinstance(shape, tuple):
                     raise FeaturelabError(f"stage {i} (Flatten) needs an image input, got width {shape}")
                 shape = math.prod(shape)
-            else:
+            elif isinstance(s, (Dense, ResBlock)):
                 n_in = s.weight.shape[1] if isinstance(s, Dense) else s.a
                 if isinstance(shape, tuple) or shape != n_in:
                     raise FeaturelabError(f"stage {i} ({type(s).__name__}) reads width {n_in} but gets {shape}")
                 shape = s.weight.shape[0] if isinstance(s, Dense) else s.c
+            else:
+                raise FeaturelabError(f"stage {i} is a {type(s).__name__}; allowed: Dense, Conv, Flatten, ResBlock")
             self.shapes.append(shape)
 
     def forward(self, X: torch.Tensor, return_layers: bool = False):
         """X: ``N x d_in`` -> ``N x 1``; with ``return_layers=True`` a `Forward` of every unit layer."""
         a = X.reshape(X.shape[0], *self.input_shape) if self.input_shape else X
-        pre, act = {}, {}
+        pre: dict[tuple[int, str], torch.Tensor] = {}
+        act: dict[tuple[int, str], torch.Tensor] = {}
         for i, s in enumerate(self.stages):
             if isinstance(s, Flatten):
                 a = s(a)
@@ -215,6 +213,7 @@ class HomogeneousNet(nn.Module):
                 pre[(i, "hidden")], act[(i, "hidden")] = h, s.act_in(h)
                 a = s.act_out(z)
             else:
+                assert isinstance(s, (Dense, Conv))  # the constructor admits nothing else
                 z = s(a)
                 a = s.act(z)
             pre[(i, "out")], act[(i, "out")] = z, a
@@ -239,7 +238,7 @@ class HomogeneousNet(nn.Module):
         return self.weight_matrices()
 
     def sq_norm(self) -> torch.Tensor:
-        return sum((p**2).sum() for p in self.parameters())
+        return torch.stack([(p**2).sum() for p in self.parameters()]).sum()
 
     def penalty(self, lam: float) -> torch.Tensor:
         """λ‖θ‖² (Part 5 trains with λ = 0)."""

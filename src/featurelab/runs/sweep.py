@@ -197,10 +197,10 @@ def run_units(
     def record(outcomes: list[UnitOutcome]) -> None:
         for o in outcomes:
             outcome.seconds[o.id] = o.seconds
-            if o.error is None:
-                outcome.results[o.id] = o.result
-            else:
+            if o.error is not None:
                 outcome.failed[o.id] = o.error
+            elif o.result is not None:
+                outcome.results[o.id] = o.result
 
     n = min(n_workers, len(items))
     if backend == "ray":

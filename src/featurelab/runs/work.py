@@ -89,6 +89,7 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
 
     set_threads(item.threads)
     exp, cfg = item.experiment, item.config
+    assert exp.build is not None and exp.finish is not None  # only build/finish units are batched
     t0 = time.perf_counter()
     paths = [Path(f) for f in item.folders]
     for p in paths:

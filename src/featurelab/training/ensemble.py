@@ -27,7 +27,9 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import pandas as pd
 import torch
@@ -132,7 +134,8 @@ class _Objective(nn.Module):
 
     def __init__(self, model: nn.Module, objective: str, float_names: list[str]):
         super().__init__()
-        self.model, self.objective, self.float_names = model, objective, float_names
+        self.model: Any = model  # any nn.Module; `penalty(lam)` is needed only when lam > 0
+        self.objective, self.float_names = objective, float_names
 
     def forward(self, X, Y, lam, floats):
         saved = {k: _get_path(self.model, k) for k in self.float_names}
@@ -200,7 +203,7 @@ def _per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _member_norm(tensors) -> torch.Tensor:
     """(M,) float64: each member's ‖·‖ over the stacked ``M x ...`` `tensors` (trainer.param_norm per member)."""
-    return torch.sqrt(sum((t.detach() ** 2).flatten(1).sum(1) for t in tensors)).double()
+    return torch.sqrt(torch.stack([(t.detach() ** 2).flatten(1).sum(1) for t in tensors]).sum(0)).double()
 
 
 def _same_data(a: Dataset, b: Dataset) -> bool:
@@ -209,12 +212,12 @@ def _same_data(a: Dataset, b: Dataset) -> bool:
 
 # ----------------------------------------------------------------------------------- train
 def train_ensemble(
-    models: list[nn.Module],
+    models: Sequence[nn.Module],
     data: Dataset | list[Dataset],
     configs: TrainConfig | list[TrainConfig],
     *,
     device: str = "cpu",
-    run_dirs: list[str | Path | None] | None = None,
+    run_dirs: Sequence[str | Path | None] | None = None,
     callbacks=None,
     progress: bool | None = None,
 ) -> list[TrainResult | FeaturelabError]:
@@ -257,7 +260,7 @@ def train_ensemble(
     for m in models:
         m.to(dev)
     cfg0 = cfgs[0]
-    stack = _Stack(models)
+    stack = _Stack(list(models))
     attrs = [_float_attrs(m) for m in models]
     float_names = [k for k, v in attrs[0].items() if any(a[k] != v for a in attrs[1:])]  # e.g. L̃
     float_values = [torch.tensor([a[k] for a in attrs], dtype=torch.float64, device=dev) for k in float_names]
@@ -314,7 +317,8 @@ def train_ensemble(
 
     def checkpoint(step, finished, phase, opt_state):
         for i, m in enumerate(models):
-            if dirs[i] is None or errors[i] is not None:
+            folder = dirs[i]
+            if folder is None or errors[i] is not None:
                 continue
             opt = None
             if phase is not None:
@@ -329,7 +333,7 @@ def train_ensemble(
                 "rho_history": getattr(m, "rho_history", []),
                 "config": digest(cfgs[i].model_dump(mode="json")),
             }
-            save_checkpoint(dirs[i], m, opt, info)
+            save_checkpoint(folder, m, opt, info)
 
     def schedule(phase, k, lr0, lr_min):
         """Per-member lr of step k of `phase` (trainer._lr, vectorised), before the guard's scaling."""
@@ -375,10 +379,14 @@ def train_ensemble(
                 if shared_data and all(c.seed == cfg0.seed for c in cfgs):
                     idx = _batches(n, phase.batch_size, cfg0.seed, step, dev, phase.drop_last)  # one for all: (B,)
                 else:  # (M, B)
-                    idx = torch.stack([_batches(n, phase.batch_size, c.seed, step, dev, phase.drop_last) for c in cfgs])
+                    batches = [_batches(n, phase.batch_size, c.seed, step, dev, phase.drop_last) for c in cfgs]
+                    idx = torch.stack(cast(list[torch.Tensor], batches))  # batch_size < n: never None
             if phase.guard_window and snapshot is None:
                 with torch.no_grad():
-                    snapshot = (sum(losses(X, Y, idx)), {n_: p.detach().clone() for n_, p in stack.params.items()})
+                    snapshot = (
+                        torch.stack(losses(X, Y, idx)).sum(0),
+                        {n_: p.detach().clone() for n_, p in stack.params.items()},
+                    )
             for p in stack.params.values():
                 p.grad = None
             sum(losses(X, Y, idx)).sum().backward()
@@ -394,7 +402,7 @@ def train_ensemble(
                 _update(phase, stack, opt_state, lr)
             if phase.guard_window and (k + 1) % phase.guard_window == 0:  # trainer's guard, per member
                 with torch.no_grad():
-                    cur = sum(losses(X, Y, idx))
+                    cur = torch.stack(losses(X, Y, idx)).sum(0)
                     bad = ~(cur <= snapshot[0])  # the loss rose over the window (or is NaN)
                     for n_, p in stack.params.items():
                         mask = bad.reshape(-1, *([1] * (p.dim() - 1)))
@@ -410,7 +418,7 @@ def train_ensemble(
                 and k + 1 < phase.adapt_stop * phase.steps
             ):
                 for i, m in enumerate(models):
-                    m.adapt_steps(ds[i].X_train)
+                    m.adapt_steps(ds[i].X_train)  # pyright: ignore[reportCallIssue]  (checked by hasattr)
             bar.update(1)
             if (step + 1) % cfg0.log_every == 0 or step + 1 == total:
                 log(step + 1, phase_idx, lr.cpu(), ds)  # the only host-device synchronisation
@@ -428,13 +436,14 @@ def train_ensemble(
     seconds = time.perf_counter() - t0
     out: list[TrainResult | FeaturelabError] = []
     for i, m in enumerate(models):
-        if errors[i] is not None:
-            out.append(errors[i])
+        error, folder = errors[i], dirs[i]
+        if error is not None:
+            out.append(error)
             continue
         history = pd.DataFrame(rows[i])
-        if dirs[i] is not None:
-            write_text(dirs[i] / "history.csv", history.to_csv(index=False))
-            save_model(m, dirs[i] / "model.safetensors")
+        if folder is not None:
+            write_text(folder / "history.csv", history.to_csv(index=False))
+            save_model(m, folder / "model.safetensors")
         out.append(TrainResult(m, history, seconds, 0))
     return out
 
@@ -446,6 +455,7 @@ def _update(phase, stack: _Stack, state: dict, lr: torch.Tensor) -> None:
     fresh = count == 1
     for name, p in stack.params.items():
         g = p.grad
+        assert g is not None  # set by the backward pass of this step
         st = state.setdefault(name, {})
         if phase.optimizer == "adam":  # torch.optim.adam._single_tensor_adam
             b1, b2 = ADAM_BETAS

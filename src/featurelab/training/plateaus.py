@@ -76,7 +76,7 @@ def detect_plateaus(
         seg = s[i:j]
         flat[i] = seg.max() - seg.min() <= delta
     runs: list[list[int]] = []
-    for i in np.flatnonzero(flat):
+    for i in np.flatnonzero(flat).tolist():
         if runs and runs[-1][1] == i - 1:
             runs[-1][1] = i
         else:

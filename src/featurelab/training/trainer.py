@@ -53,16 +53,16 @@ class Phase(Validated):
     steps: int = Field(ge=0)
     lr: float = Field(gt=0)
     schedule: Literal["constant", "cosine", "inverse_norm"] = "constant"
-    lr_min: float = Field(0.0, ge=0)
+    lr_min: float = Field(default=0.0, ge=0)
     norm_power: float | None = None
-    batch_size: int | None = Field(None, ge=1)
+    batch_size: int | None = Field(default=None, ge=1)
     drop_last: bool = True
-    momentum: float = Field(0.0, ge=0, lt=1)
-    guard_window: int = Field(0, ge=0)
-    adapt_every: int = Field(0, ge=0)
-    adapt_stop: float = Field(0.9, gt=0, le=1)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    guard_window: int = Field(default=0, ge=0)
+    adapt_every: int = Field(default=0, ge=0)
+    adapt_stop: float = Field(default=0.9, gt=0, le=1)
     dtype: Literal["float32", "float64"] | None = None
-    max_step: float | None = Field(None, gt=0)
+    max_step: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check(self):
@@ -85,11 +85,11 @@ class TrainConfig(Validated):
     """
 
     objective: Literal["mse", "cross_entropy", "logistic"] = "mse"
-    lam: float = Field(0.0, ge=0)
+    lam: float = Field(default=0.0, ge=0)
     phases: list[Phase]
-    log_every: int = Field(100, ge=1)
-    checkpoint_every: int = Field(0, ge=0)
-    top_singular_values: int = Field(3, ge=0)
+    log_every: int = Field(default=100, ge=1)
+    checkpoint_every: int = Field(default=0, ge=0)
+    top_singular_values: int = Field(default=3, ge=0)
     seed: int = 0
 
 
@@ -106,7 +106,7 @@ class TrainResult:
 # -------------------------------------------------------------------------------- helpers
 def param_norm(model: torch.nn.Module) -> torch.Tensor:
     """‖θ‖ over trainable parameters."""
-    return torch.sqrt(sum((p.detach() ** 2).sum() for p in model.parameters() if p.requires_grad))
+    return torch.sqrt(torch.stack([(p.detach() ** 2).sum() for p in model.parameters() if p.requires_grad]).sum())
 
 
 def _lr(phase: Phase, k: int, model: torch.nn.Module):
@@ -159,7 +159,7 @@ def evaluate(model: torch.nn.Module, data: Dataset, config: TrainConfig) -> dict
     """One history row's metrics: loss = cost + penalty, errors, ‖θ‖, top singular values per layer."""
     out = model(data.X_train)
     cost = data_cost(config.objective, out, data.Y_train)
-    pen = model.penalty(config.lam) if config.lam > 0 else torch.zeros((), dtype=cost.dtype)
+    pen = model.penalty(config.lam) if config.lam > 0 else torch.zeros((), dtype=cost.dtype)  # pyright: ignore[reportCallIssue]  (duck-typed model)
     row = {
         "loss": float(cost + pen),
         "cost": float(cost),
@@ -173,7 +173,7 @@ def evaluate(model: torch.nn.Module, data: Dataset, config: TrainConfig) -> dict
         row["test_error"] = float(error_rate(config.objective, out_t, data.Y_test))
     k = config.top_singular_values
     if k and hasattr(model, "layer_matrices") and math.isfinite(row["loss"]):
-        for l, M in enumerate(model.layer_matrices(), start=1):
+        for l, M in enumerate(model.layer_matrices(), start=1):  # pyright: ignore[reportCallIssue]  (duck-typed model)
             s = torch.linalg.svdvals(M.detach().double())
             for i in range(min(k, s.numel())):
                 row[f"sv{l}_{i + 1}"] = float(s[i])
@@ -385,18 +385,18 @@ def train(
                     loss = closure()
                     with torch.no_grad():
                         if phase.max_step is not None:  # trust region ‖Δθ‖ <= max_step·‖θ‖
-                            grad_norm = torch.sqrt(sum((p.grad**2).sum() for p in params))
+                            grad_norm = torch.sqrt(torch.stack([(p.grad**2).sum() for p in params]).sum())
                             lr, cut = trust_region(lr, phase.max_step, param_norm(model), grad_norm)
                             state["capped"] += cut.long()
                         for p in params:
-                            p.sub_(lr * p.grad)
+                            p.sub_(lr * p.grad)  # pyright: ignore[reportOperatorIssue]  (set by backward)
                 else:
-                    loss = opt.step(closure)
+                    loss = opt.step(closure)  # pyright: ignore[reportCallIssue, reportArgumentType]  (closures may return the loss tensor)
                 if phase.guard_window and (k + 1) % phase.guard_window == 0:
                     with torch.no_grad():
                         cur = float(
                             data_cost(config.objective, model(X), Y)
-                            + (model.penalty(config.lam) if config.lam > 0 else 0.0)
+                            + (model.penalty(config.lam) if config.lam > 0 else 0.0)  # pyright: ignore[reportCallIssue]  (duck-typed model)
                         )
                     if not cur <= snapshot[0]:  # the loss rose over the window (or is NaN)
                         with torch.no_grad():
@@ -415,7 +415,7 @@ def train(
                     and (k + 1) % phase.adapt_every == 0
                     and k + 1 < phase.adapt_stop * phase.steps
                 ):
-                    model.adapt_steps(data_dev.X_train)
+                    model.adapt_steps(data_dev.X_train)  # pyright: ignore[reportCallIssue]  (duck-typed model)
                 bar.update(1)
                 if (step + 1) % config.log_every == 0 or step + 1 == total:
                     row = log(step + 1, phase_idx, lr)
