@@ -355,8 +355,8 @@ def test_second_singular_bound_is_sharp_and_scales_as_l_to_the_minus_quarter():
         if k == 2:
             assert s[1] / s[0] == pytest.approx(bound, rel=1e-10)
     assert math.isinf(second_singular_bound(1.0))
-    X, G = circle_dataset()
-    c, B = theorem31_bound(X, G, 0.5, 2)
+    X, G = circle()
+    c = theorem31_bound(X, G, 0.5, 2).c
     for ell in (10**12, 10**14):
         q = c / math.sqrt(ell)
         b = 8 * q / (1 - q)

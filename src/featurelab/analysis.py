@@ -8,8 +8,8 @@ The model is analysed on a float64 CPU copy in eval mode; the model itself is ne
 
 Formulas (s_1 >= s_2 >= ... the singular values; docs/analyze.md states each with its source):
 - stable rank ‖M‖²_F/‖M‖²_op, nuclear rank ‖M‖²_*/‖M‖²_F (Jacot & Kaiser, arXiv 2405.17573, Prop. 1;
-  docs/theory/leaky-resnets.md §3.6), threshold effective rank #{s_i >= rel·s_1} (§3.6), entropy effective
-  rank exp(−Σ p_i log p_i), p_i = s_i/Σ s_j (Roy & Vetterli, EUSIPCO 2007), numerical rank #{s_i > tol·s_1}
+  docs/theory/leaky-resnets.md §3.6), threshold effective rank #{s_i >= effective_rtol·s_1} (§3.6), entropy effective
+  rank exp(−Σ p_i log p_i), p_i = s_i/Σ s_j (Roy & Vetterli, EUSIPCO 2007), numerical rank #{s_i > rtol·s_1}
   (Jacot, arXiv 2306.00394, docs/theory/bottleneck-rank.md §3.2);
 - COI_γ(A) = Tr[Aᵀ(K + γI)⁻¹A], K = σ(A)σ(A)ᵀ, σ(A) = [ReLU(A), 1], γ = γ₀‖K‖_op (arXiv 2405.17573 §2.2,
   docs/theory/leaky-resnets.md §3.4), with A the activation's input (pre-activation) for activation modules
@@ -264,7 +264,9 @@ def _forward(net: nn.Module, X: torch.Tensor) -> tuple[torch.Tensor, list, list[
     return out, reps, calls
 
 
-def _rep_row(name: str, kind: str, A: torch.Tensor, coi_A: torch.Tensor, top: int, rel: float, tol: float, gamma):
+def _rep_row(
+    name: str, kind: str, A: torch.Tensor, coi_A: torch.Tensor, top: int, effective_rtol: float, rtol: float, gamma
+):
     N = A.shape[0]
     dead = A.abs().amax(dim=[d for d in range(A.ndim) if d != 1]) == 0 if A.ndim > 1 else A.abs().amax() == 0
     flat = A.reshape(N, -1)
@@ -272,7 +274,7 @@ def _rep_row(name: str, kind: str, A: torch.Tensor, coi_A: torch.Tensor, top: in
     coi = cost_of_identity(coi_A.reshape(N, -1), gamma=gamma) if gamma > 0 else float("nan")
     row = {"name": name, "type": kind, "shape": "x".join(map(str, A.shape[1:])) or "1", "units": flat.shape[1]}
     row |= {f"sv{i + 1}": float(s[i]) if i < len(s) else np.nan for i in range(top)}
-    row |= spectrum_ranks(s, effective_rtol=rel, numerical_rtol=tol) | {
+    row |= spectrum_ranks(s, effective_rtol=effective_rtol, numerical_rtol=rtol) | {
         "coi_gamma": coi,
         "dead_share": float(dead.double().mean()),
     }
@@ -308,10 +310,10 @@ def analyze(
     Y=None,
     *,
     top: int = 5,
-    rel: float = 0.1,
-    tol: float = 1e-3,
+    effective_rtol: float = 0.1,
+    rtol: float = 1e-3,
     gamma: float = 1e-3,
-    threshold: float = 0.1,
+    atol: float = 0.1,
     jacobian: int = 0,
 ) -> ModelAnalysis:
     """Measure `model`'s weight layers and, with inputs X, its representations (module docstring).
@@ -319,9 +321,9 @@ def analyze(
     model: any ``nn.Module``; a featurelab `MLP` is analysed as its ``to_torch`` chain.
     X: inputs, rows are samples (``N x d_in``, or ``N x c x ...`` images for conv nets); None: weights only.
     Y: optional targets (``N x d_out`` floats, or ``N`` integer labels of any integer dtype) for the fit.
-    top: singular values listed per row. rel: threshold of the effective rank #{s_i >= rel·s_1}.
-    tol: relative tolerance of the numerical rank. gamma: γ₀ of COI_γ (relative, γ = γ₀‖K‖_op; 0 skips it).
-    threshold: absolute singular-value threshold of the bottleneck rank k_mid (on rebalanced weights).
+    top: singular values listed per row. effective_rtol: threshold of the effective rank #{s_i >= effective_rtol·s_1}.
+    rtol: relative tolerance of the numerical rank (and of the Jacobian rank). gamma: γ₀ of COI_γ (relative, γ = γ₀‖K‖_op; 0 skips it).
+    atol: absolute singular-value threshold of the bottleneck rank k_mid (on rebalanced weights).
     jacobian: number of samples (the first rows of X) at which to compute the input-Jacobian rank and the NTK
         trace Tr Θ(x, x) (0: off). Cost: one reverse pass per output and sample for the Jacobian, and one per
         output and sample over the trainable parameters for the NTK (memory d_out·P per sample).
@@ -333,7 +335,7 @@ def analyze(
         raise FeaturelabError(f"model must be a torch nn.Module, got {type(model).__name__}")
     int_at_least("top", top, 1)
     int_at_least("jacobian", jacobian, 0)
-    for name, v in (("rel", rel), ("tol", tol), ("gamma", gamma), ("threshold", threshold)):
+    for name, v in (("effective_rtol", effective_rtol), ("rtol", rtol), ("gamma", gamma), ("atol", atol)):
         non_negative(name, v)
     t0 = time.perf_counter()
     source = to_torch(model) if isinstance(model, MLP) else model
@@ -365,7 +367,7 @@ def analyze(
         weights.sort(key=lambda w: first.get(module_names.get(w.module, ""), math.inf))
         all_reps = [("input", "input", X, X)] + reps + [("output", "output", out, out)]
         for name, kind, coi_A, A in all_reps:
-            row, s = _rep_row(name, kind, A, coi_A, top, rel, tol, gamma)
+            row, s = _rep_row(name, kind, A, coi_A, top, effective_rtol, rtol, gamma)
             rep_rows.append(row)
             rep_spectra[name] = s
         hidden = rep_rows[1:-1]
@@ -396,7 +398,7 @@ def analyze(
             "frobenius_sq": float((s**2).sum()),
             "bias_sq": float((w.bias**2).sum()) if w.bias is not None else 0.0,
         }
-        row |= spectrum_ranks(s, effective_rtol=rel, numerical_rtol=tol)
+        row |= spectrum_ranks(s, effective_rtol=effective_rtol, numerical_rtol=rtol)
         row |= {"balance_mean": np.nan, "balance_residual": np.nan, "alignment": np.nan}
         nxt = by_module[pairs[w.module][0]] if w.module in pairs else None
         side = _input_side(w, nxt) if nxt else None
@@ -429,23 +431,23 @@ def analyze(
     summary["bottleneck"] = None
     if mlp is not None:
         try:
-            reb = rebalance(mlp, tol=1e-6, max_sweeps=20000)  # singular values move by O(tol)
+            reb = rebalance(mlp, rtol=1e-6, max_sweeps=20000)  # singular values move by O(rtol)
         except FeaturelabError as exc:
             reason = str(exc)
         else:
-            bn = bottleneck_rank(reb, threshold)
+            bn = bottleneck_rank(reb, atol=atol)
             linear_rows = [i for i, w in enumerate(weights) if isinstance(w.module, nn.Linear)]
             counts = [np.nan] * len(weights)
             for i, W in zip(linear_rows, reb.weight_matrices()):
                 s = torch.linalg.svdvals(W.detach())
                 rebalanced_spectra[weights[i].name] = s.numpy()
-                counts[i] = int((s > threshold).sum())
+                counts[i] = int((s > atol).sum())
             layers.insert(layers.columns.get_loc("numerical_rank") + 1, "count_rebalanced", counts)
             summary["bottleneck"] = {
                 "k_mid": bn.k_mid,
                 "counts": bn.counts,
                 "layers": bn.layers,
-                "threshold": bn.threshold,
+                "threshold": bn.atol,
                 "sq_norm": float(mlp.sq_norm().detach()),
                 "sq_norm_rebalanced": float(reb.sq_norm().detach()),
             }
@@ -457,7 +459,7 @@ def analyze(
             raise FeaturelabError("jacobian > 0 needs inputs X")
         t1 = time.perf_counter()
         sub = X[:jacobian]
-        ranks = jacobian_ranks(net, sub, tol)
+        ranks = jacobian_ranks(net, sub, rtol=rtol)
         trace = ntk_trace(net, sub)
         summary["jacobian"] = {
             "samples": len(sub),
