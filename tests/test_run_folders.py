@@ -403,7 +403,7 @@ def test_bad_out_is_one_line(tmp_path):
         with pytest.raises(FeaturelabError) as exc:
             tiny(out)
         assert message in one_line(exc)
-    if os.geteuid() != 0 and Path("/proc").exists():
+    if Path("/proc").exists():  # no folder can be made there, not even by root
         with pytest.raises(FeaturelabError, match="cannot be written"):
             tiny("/proc/featurelab-run")
 
