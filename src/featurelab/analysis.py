@@ -322,7 +322,8 @@ def analyze(
     X: inputs, rows are samples (``N x d_in``, or ``N x c x ...`` images for conv nets); None: weights only.
     Y: optional targets (``N x d_out`` floats, or ``N`` integer labels of any integer dtype) for the fit.
     top: singular values listed per row. effective_rtol: threshold of the effective rank #{s_i >= effective_rtol·s_1}.
-    rtol: relative tolerance of the numerical rank (and of the Jacobian rank). gamma: γ₀ of COI_γ (relative, γ = γ₀‖K‖_op; 0 skips it).
+    rtol: relative tolerance of the numerical rank (and of the Jacobian rank).
+    gamma: γ₀ of COI_γ (relative, γ = γ₀‖K‖_op; 0 skips it).
     atol: absolute singular-value threshold of the bottleneck rank k_mid (on rebalanced weights).
     jacobian: number of samples (the first rows of X) at which to compute the input-Jacobian rank and the NTK
         trace Tr Θ(x, x) (0: off). Cost: one reverse pass per output and sample for the Jacobian, and one per
