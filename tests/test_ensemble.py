@@ -11,7 +11,7 @@ import torch
 
 from featurelab import MLP, FeaturelabError, LeakyResNet, Phase, TrainConfig, train
 from featurelab.data import bottleneck_teacher
-from featurelab.training import ensemble
+from featurelab.training import engine
 from featurelab.training.ensemble import ensemble_key, train_ensemble
 
 DATA = bottleneck_teacher((5, 2, 5), "fcnn", 8, 40, 16, teacher_seed=0, data_seed=1)
@@ -142,7 +142,7 @@ def test_ensemble_checkpoint_resumes_with_train(tmp_path, monkeypatch):
     """The ensemble's periodic checkpoint (train's format, optimizer state included) continued by
     `train(resume=True)` gives the weights of the uninterrupted run."""
     saved = []
-    original = ensemble.save_checkpoint
+    original = engine.save_checkpoint
 
     def keep_step_40(folder, model, optimizer, info):
         original(folder, model, optimizer, info)
@@ -150,7 +150,7 @@ def test_ensemble_checkpoint_resumes_with_train(tmp_path, monkeypatch):
             shutil.copytree(folder, tmp_path / "at40")
             saved.append(folder)
 
-    monkeypatch.setattr(ensemble, "save_checkpoint", keep_step_40)
+    monkeypatch.setattr(engine, "save_checkpoint", keep_step_40)
     config = TrainConfig(
         lam=0.01,
         log_every=20,
