@@ -37,6 +37,7 @@ from ..data.dataset import Dataset
 from ..errors import FeaturelabError
 from ..io import write_text
 from ..runtime import resolve_device
+from . import capture
 from .checkpoint import load_checkpoint, save_checkpoint, save_model
 from .objectives import data_cost, error_rate
 from .phases import Phase, TrainConfig, TrainResult
@@ -257,30 +258,32 @@ class _Stack:
 
 def _update(phase: Phase, stack: _Stack, state: dict, lr: torch.Tensor) -> None:
     """One optimizer step on the stacked parameters with torch.optim's formulas, per-member lr, and
-    per-member step counts ``state["count"]`` (0: the member's optimizer starts afresh, as after the guard)."""
-    count = state["count"] + 1
+    per-member step counts ``state["count"]`` (0: the member's optimizer starts afresh, as after the guard).
+    Every state tensor is updated in place (a captured CUDA graph replays on the same memory)."""
+    count = state["count"].add_(1)
     fresh = count == 1
     for (name, p), g in zip(stack.params.items(), stack.grads().values()):
         st = state.setdefault(name, {})
         mask = fresh.reshape(-1, *([1] * (p.dim() - 1)))
         if phase.optimizer == "adam":  # torch.optim.adam._single_tensor_adam
             b1, b2 = ADAM_BETAS
-            m_, v_ = (
-                torch.where(mask, 0.0, st[k]) if k in st else torch.zeros_like(p) for k in ("exp_avg", "exp_avg_sq")
-            )
-            st["exp_avg"], st["exp_avg_sq"] = m_.lerp_(g, 1 - b1), v_.mul_(b2).addcmul_(g, g, value=1 - b2)
+            m_, v_ = (st.setdefault(k, torch.zeros_like(p)).masked_fill_(mask, 0.0) for k in ("exp_avg", "exp_avg_sq"))
+            m_.lerp_(g, 1 - b1)
+            v_.mul_(b2).addcmul_(g, g, value=1 - b2)
             c = count.double()
             step_size = _per_member(lr / (1 - b1**c), p)
             bc2_sqrt = _per_member((1 - b2**c) ** 0.5, p)
-            denom = (st["exp_avg_sq"].sqrt() / bc2_sqrt).add_(ADAM_EPS)
-            p.add_(-step_size * st["exp_avg"] / denom)
+            denom = (v_.sqrt() / bc2_sqrt).add_(ADAM_EPS)
+            p.add_(-step_size * m_ / denom)
         else:  # torch.optim.sgd._single_tensor_sgd (no dampening, no nesterov)
             if phase.momentum:
-                buf = st.get("momentum_buffer")
-                st["momentum_buffer"] = g.clone() if buf is None else torch.where(mask, g, buf * phase.momentum + g)
+                if "momentum_buffer" not in st:
+                    st["momentum_buffer"] = g.clone()
+                else:
+                    buf = st["momentum_buffer"]
+                    buf.copy_(torch.where(mask, g, buf.mul_(phase.momentum).add_(g)))
                 g = st["momentum_buffer"]
             p.add_(-_per_member(lr, p) * g)
-    state["count"] = count
 
 
 def _torch_optimizer(phase: Phase, model: nn.Module, state: dict, i: int):
@@ -381,6 +384,7 @@ def run(
     shared_data = all(_same_data(d, datas[0]) for d in datas[1:])
     shared_batches = shared_data and all(c.seed == cfg0.seed for c in cfgs)
     errors: list[FeaturelabError | None] = [None] * M
+    has_on_step = M == 1 and any(hasattr(cb, "on_step") for cb in cbs[0])
     log_capped = any(p.max_step is not None for p in cfg0.phases)
 
     def data_on(dtype):
@@ -460,7 +464,8 @@ def run(
         if phase.schedule == "constant":
             return lr0
         if phase.schedule == "cosine":
-            return lr_min + (lr0 - lr_min) * 0.5 * (1 + math.cos(math.pi * k / max(phase.steps, 1)))
+            cos = torch.cos if isinstance(k, torch.Tensor) else math.cos  # a device tensor k in a captured step
+            return lr_min + (lr0 - lr_min) * 0.5 * (1 + cos(math.pi * k / max(phase.steps, 1)))
         power = phase.norm_power
         if power is None:
             power = models[0].depth - 2 if isinstance(models[0], Deep) else 0
@@ -513,32 +518,61 @@ def run(
                     if ck is not None and ck[1].get("optimizer") and ck[1]["step"] == start_step:
                         _restore_state(phase, stack, opt_state, i, ck[0])
             snapshot = None  # the guard's (loss (M,), parameters) at the start of its window
+
+            def step_(k, idx):
+                """Forward, backward, trust region and update; returns (lr (M,), loss (M,))."""
+                lr = schedule(phase, k, lr0, lr_min) * lr_scale
+                stack.zero_grad()
+                loss = sum(losses(X, Y, idx))
+                loss.sum().backward()
+                with torch.no_grad():
+                    if phase.max_step is not None:  # trust region ‖Δθ_i‖ <= max_step·‖θ_i‖, per member
+                        theta, grad = _member_norm(stack.params.values()), _member_norm(stack.grads().values())
+                        lr, cut = trust_region(lr, phase.max_step, theta, grad)
+                        capped.add_(cut.long())
+                    _update(phase, stack, opt_state, lr)
+                return lr, loss
+
+            reason = capture.eager_reason(dev, phase, on_step=has_on_step, lr_rule=lr_rule is not None)
+            if dev.type == "cuda" and reason is not None:
+                capture.announce(reason)
+            graph, static = None, None
+            if reason is None:  # the step's changing inputs, refilled in place before each replay
+                static = {"k": torch.full((), float(k0), dtype=torch.float64, device=dev), "lr": lr0.clone()}
+                first = batch_indices(phase, offset + k0, X.shape[-2])
+                static["idx"] = first.clone() if first is not None else None
+
+                def body():
+                    lr, _ = step_(static["k"], static["idx"])
+                    with torch.no_grad():
+                        static["lr"].copy_(lr)
+                        static["k"].add_(1)
+
             for k in range(k0, phase.steps):
                 step = offset + k
-                lr = schedule(phase, k, lr0, lr_min) * lr_scale
-                idx = batch_indices(phase, step, X.shape[-2])
-                if phase.guard_window and snapshot is None:
-                    with torch.no_grad():
-                        snapshot = (sum(losses(X, Y, idx)), {n: p.clone() for n, p in stack.params.items()})
-
-                def closure():
-                    stack.zero_grad()
-                    loss = sum(losses(X, Y, idx))
-                    loss.sum().backward()
-                    return loss
-
-                if lbfgs is not None:
-                    for g in lbfgs.param_groups:
-                        g["lr"] = float(lr[0])
-                    loss = lbfgs.step(lambda: closure().sum())
+                if static is not None:
+                    if static["idx"] is not None:
+                        static["idx"].copy_(batch_indices(phase, step, X.shape[-2]))
+                    if graph is not None:
+                        graph.replay()
+                    elif k - k0 < capture.WARMUP_STEPS:
+                        capture.warmup(body)
+                    else:
+                        graph = capture.capture(body)
+                        graph.replay()
+                    lr, loss = static["lr"], None
                 else:
-                    loss = closure()
-                    with torch.no_grad():
-                        if phase.max_step is not None:  # trust region ‖Δθ_i‖ <= max_step·‖θ_i‖, per member
-                            theta, grad = _member_norm(stack.params.values()), _member_norm(stack.grads().values())
-                            lr, cut = trust_region(lr, phase.max_step, theta, grad)
-                            capped += cut.long()
-                        _update(phase, stack, opt_state, lr)
+                    idx = batch_indices(phase, step, X.shape[-2])
+                    if phase.guard_window and snapshot is None:
+                        with torch.no_grad():
+                            snapshot = (sum(losses(X, Y, idx)), {n: p.clone() for n, p in stack.params.items()})
+                    if lbfgs is not None:
+                        lr = schedule(phase, k, lr0, lr_min) * lr_scale
+                        for g in lbfgs.param_groups:
+                            g["lr"] = float(lr[0])
+                        loss = lbfgs.step(lambda: _lbfgs_closure(stack, losses, X, Y, idx))
+                    else:
+                        lr, loss = step_(k, idx)
                 if phase.guard_window and (k + 1) % phase.guard_window == 0:  # per member (Part 1 §5.2)
                     with torch.no_grad():
                         cur = sum(losses(X, Y, idx))
@@ -548,7 +582,7 @@ def run(
                             p.copy_(torch.where(mask, snapshot[1][n], p))
                             snapshot[1][n] = p.clone()
                         lr_scale = torch.where(bad, lr_scale * 0.5, lr_scale)
-                        opt_state["count"] = torch.where(bad, 0, opt_state["count"])  # a fresh optimizer
+                        opt_state["count"].masked_fill_(bad, 0)  # a fresh optimizer for them
                         snapshot = (torch.where(bad, snapshot[0], cur), snapshot[1])
                     if lbfgs is not None and bool(bad[0]):
                         lbfgs = _lbfgs(phase, stack)
@@ -587,6 +621,13 @@ def run(
             save_model(m, dirs[i] / "model.safetensors")
         out.append(TrainResult(m, history, seconds, ckpts[i][1]["step"] if ckpts[i] else 0))
     return out
+
+
+def _lbfgs_closure(stack: _Stack, losses, X, Y, idx) -> torch.Tensor:
+    stack.zero_grad()
+    loss = sum(losses(X, Y, idx)).sum()
+    loss.backward()
+    return loss
 
 
 def _lbfgs(phase: Phase, stack: _Stack) -> torch.optim.LBFGS:
