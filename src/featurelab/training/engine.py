@@ -258,30 +258,37 @@ class _Stack:
 
 def _update(phase: Phase, stack: _Stack, state: dict, lr: torch.Tensor) -> None:
     """One optimizer step on the stacked parameters with torch.optim's formulas, per-member lr, and
-    per-member step counts ``state["count"]`` (0: the member's optimizer starts afresh, as after the guard).
-    Every state tensor is updated in place (a captured CUDA graph replays on the same memory)."""
+    per-member step counts ``state["count"]`` (0: the member's optimizer starts afresh, as after the guard;
+    ``state["fresh"]`` says whether any may). Every state tensor is updated in place (a captured CUDA
+    graph replays on the same memory)."""
     count = state["count"].add_(1)
-    fresh = count == 1
+    fresh = (count == 1) if state.get("fresh", True) else None
+    state["fresh"] = False
+    if phase.optimizer == "adam":  # torch.optim.adam._single_tensor_adam, bias corrections per member
+        b1, b2 = ADAM_BETAS
+        c = count.double()
+        step_size, bc2_sqrt = (lr / (1 - b1**c)).to(stack.dtype), ((1 - b2**c) ** 0.5).to(stack.dtype)
     for (name, p), g in zip(stack.params.items(), stack.grads().values()):
         st = state.setdefault(name, {})
-        mask = fresh.reshape(-1, *([1] * (p.dim() - 1)))
-        if phase.optimizer == "adam":  # torch.optim.adam._single_tensor_adam
-            b1, b2 = ADAM_BETAS
-            m_, v_ = (st.setdefault(k, torch.zeros_like(p)).masked_fill_(mask, 0.0) for k in ("exp_avg", "exp_avg_sq"))
+        shape = (-1, *([1] * (p.dim() - 1)))
+        mask = fresh.reshape(shape) if fresh is not None else None
+        if phase.optimizer == "adam":
+            m_, v_ = (st.setdefault(k, torch.zeros_like(p)) for k in ("exp_avg", "exp_avg_sq"))
+            if mask is not None:
+                m_.masked_fill_(mask, 0.0)
+                v_.masked_fill_(mask, 0.0)
             m_.lerp_(g, 1 - b1)
             v_.mul_(b2).addcmul_(g, g, value=1 - b2)
-            c = count.double()
-            step_size = _per_member(lr / (1 - b1**c), p)
-            bc2_sqrt = _per_member((1 - b2**c) ** 0.5, p)
-            denom = (v_.sqrt() / bc2_sqrt).add_(ADAM_EPS)
-            p.add_(-step_size * m_ / denom)
+            denom = (v_.sqrt() / bc2_sqrt.reshape(shape)).add_(ADAM_EPS)
+            p.addcdiv_(step_size.reshape(shape) * m_, denom, value=-1)
         else:  # torch.optim.sgd._single_tensor_sgd (no dampening, no nesterov)
             if phase.momentum:
                 if "momentum_buffer" not in st:
                     st["momentum_buffer"] = g.clone()
                 else:
-                    buf = st["momentum_buffer"]
-                    buf.copy_(torch.where(mask, g, buf.mul_(phase.momentum).add_(g)))
+                    buf = st["momentum_buffer"].mul_(phase.momentum).add_(g)
+                    if mask is not None:
+                        buf.copy_(torch.where(mask, g, buf))
                 g = st["momentum_buffer"]
             p.add_(-_per_member(lr, p) * g)
 
@@ -550,16 +557,19 @@ def run(
 
             for k in range(k0, phase.steps):
                 step = offset + k
+                if static is not None and static["idx"] is not None:
+                    static["idx"].copy_(batch_indices(phase, step, X.shape[-2]))
+                if static is not None and graph is None and k - k0 >= capture.WARMUP_STEPS:
+                    try:
+                        graph = capture.capture(body)
+                    except RuntimeError as exc:  # the phase goes on eagerly
+                        capture.announce(f"a failed capture ({str(exc).splitlines()[0] if str(exc) else exc!r})")
+                        static = None
                 if static is not None:
-                    if static["idx"] is not None:
-                        static["idx"].copy_(batch_indices(phase, step, X.shape[-2]))
                     if graph is not None:
                         graph.replay()
-                    elif k - k0 < capture.WARMUP_STEPS:
-                        capture.warmup(body)
                     else:
-                        graph = capture.capture(body)
-                        graph.replay()
+                        capture.warmup(body)
                     lr, loss = static["lr"], None
                 else:
                     idx = batch_indices(phase, step, X.shape[-2])
@@ -583,6 +593,7 @@ def run(
                             snapshot[1][n] = p.clone()
                         lr_scale = torch.where(bad, lr_scale * 0.5, lr_scale)
                         opt_state["count"].masked_fill_(bad, 0)  # a fresh optimizer for them
+                        opt_state["fresh"] = True
                         snapshot = (torch.where(bad, snapshot[0], cur), snapshot[1])
                     if lbfgs is not None and bool(bad[0]):
                         lbfgs = _lbfgs(phase, stack)
