@@ -173,7 +173,7 @@ def bench_step(device: torch.device) -> dict:
 def bench_paper_ensemble(device: torch.device, members: int = 16) -> dict:
     """(a2): `members` paper-size networks as one ensemble: GFLOP/s and fraction of the matmul peak."""
     p = PAPER
-    seconds, cpu = engine_step_seconds(device, members, 50 if device.type == "cuda" else 1)
+    seconds, cpu = engine_step_seconds(device, members, 50 if device.type == "cuda" else 2)
     flops = members * 6 * p["depth"] * p["n"] * p["width"] * (p["width"] + 1)
     peak, peak_cpu = matmul_peak(device)
     achieved = flops / seconds / 1e9
