@@ -245,7 +245,9 @@ class _Stack:
                     owner._buffers[attr] = t[i]
 
     def grads(self) -> dict[str, torch.Tensor]:
-        return {k: (p.grad.unsqueeze(0) if len(self.models) == 1 else p.grad) for k, p in self.leaves.items()}
+        """``M x ...`` gradients (zeros for a parameter the loss does not reach)."""
+        grads = {k: p.grad if p.grad is not None else torch.zeros_like(p) for k, p in self.leaves.items()}
+        return {k: g.unsqueeze(0) for k, g in grads.items()} if len(self.models) == 1 else grads
 
     def zero_grad(self) -> None:
         for p in self.leaves.values():
