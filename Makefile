@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(FL) run leaky-bottleneck --preset quick --out runs/demo --resume
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not cuda"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
@@ -38,6 +38,10 @@ format: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The CUDA checks run from the checkout with the machine's own torch (no venv, nothing downloaded).
+test-gpu:
+	PYTHONPATH=src python -m pytest -q -m cuda
 
 bench: $(STAMP)
 	$(FL) bench

@@ -11,7 +11,7 @@ import torch
 
 from featurelab import MLP, FeaturelabError, LeakyResNet, Phase, TrainConfig, train
 from featurelab.data import bottleneck_teacher
-from featurelab.training import ensemble
+from featurelab.training import engine
 from featurelab.training.ensemble import ensemble_key, train_ensemble
 
 DATA = bottleneck_teacher((5, 2, 5), "fcnn", 8, 40, 16, teacher_seed=0, data_seed=1)
@@ -142,7 +142,7 @@ def test_ensemble_checkpoint_resumes_with_train(tmp_path, monkeypatch):
     """The ensemble's periodic checkpoint (train's format, optimizer state included) continued by
     `train(resume=True)` gives the weights of the uninterrupted run."""
     saved = []
-    original = ensemble.save_checkpoint
+    original = engine.save_checkpoint
 
     def keep_step_40(folder, model, optimizer, info):
         original(folder, model, optimizer, info)
@@ -150,7 +150,7 @@ def test_ensemble_checkpoint_resumes_with_train(tmp_path, monkeypatch):
             shutil.copytree(folder, tmp_path / "at40")
             saved.append(folder)
 
-    monkeypatch.setattr(ensemble, "save_checkpoint", keep_step_40)
+    monkeypatch.setattr(engine, "save_checkpoint", keep_step_40)
     config = TrainConfig(
         lam=0.01,
         log_every=20,
@@ -207,3 +207,44 @@ def test_guard_restores_and_halves_per_member():
     ]
     assert halved == [False, True, True]  # the test exercises both branches of the guard
     compare(make, configs, [DATA] * 3, 1e-10)
+
+
+def test_the_captured_step_body_replays_the_eager_run(monkeypatch):
+    """The CUDA-graph path's step (static step counter, refilled mini-batch indices, in-place optimizer
+    state, lr written to a static tensor) replayed as plain calls gives the eager run: cosine Adam with
+    mini-batches, then SGD with momentum and the trust region, per member."""
+    from featurelab.training import capture
+
+    configs = [
+        TrainConfig(
+            lam=lam,
+            seed=s,
+            log_every=10,
+            phases=[
+                Phase(optimizer="adam", steps=30, lr=lr, schedule="cosine", lr_min=lr / 10, batch_size=16),
+                Phase(optimizer="sgd", steps=20, lr=lr, momentum=0.5),
+                Phase(optimizer="sgd", steps=20, lr=100 * lr, schedule="inverse_norm", max_step=1e-3),
+            ],
+        )
+        for lam, lr, s in [(0.0, 2e-3, 0), (0.01, 5e-3, 1)]
+    ]
+    make = lambda i: MLP(5, 5, 10, 3, bias=1.0, seed=i, dtype=torch.float64)
+    eager = [make(i) for i in range(2)]
+    eager_hist = [r.history for r in train_ensemble(eager, DATA, configs)]
+
+    class Replay:
+        def __init__(self, body):
+            self.body = body
+
+        def replay(self):
+            self.body()
+
+    monkeypatch.setattr(capture, "eager_reason", lambda *a, **k: None)
+    monkeypatch.setattr(capture, "warmup", lambda body: body())
+    monkeypatch.setattr(capture, "capture", Replay)
+    replayed = [make(i) for i in range(2)]
+    hist = [r.history for r in train_ensemble(replayed, DATA, configs)]
+    assert max_difference(replayed, eager) < 1e-12
+    cols = ["loss", "lr", "capped_steps"]
+    assert all(float((h[cols] - e[cols]).abs().max().max()) < 1e-12 for h, e in zip(hist, eager_hist))
+    assert int(hist[0]["capped_steps"].iloc[-1]) > 0

@@ -74,7 +74,7 @@ def test_minibatches_keep_the_last_partial_batch():
     """drop_last=False (the digits preset): each epoch of ceil(n/b) batches covers every sample once."""
     import torch
 
-    from featurelab.training.trainer import _batches
+    from featurelab.training.engine import _batches
 
     for epoch in range(3):
         idx = [_batches(10, 4, 7, epoch * 3 + k, "cpu", drop_last=False) for k in range(3)]

@@ -69,6 +69,7 @@ def _cmd_bench(args) -> int:
         experiments=args.experiments.split(",") if args.experiments else None,
         out=args.out,
         device=args.device,
+        paper=args.paper,
     )
     return 0
 
@@ -128,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--retries", type=int, default=2, help="Ray: re-runs of a task whose worker died (default 2)")
     r.set_defaults(func=_cmd_run)
     b = sub.add_parser("bench", help="measure speed: matmul peak, batched ensembles, diagnostics, quick presets")
-    b.add_argument("--only", default=None, help="comma-separated figures among a,b,c,d,e,f (default all)")
+    b.add_argument("--only", default=None, help="comma-separated figures among a,a2,b,c,d,e,g (default all)")
+    b.add_argument("--paper", action="store_true", help="also (f): wall time and claims of every paper preset")
     b.add_argument("--experiments", default=None, help="comma-separated experiments for (e) (default all)")
     b.add_argument("--out", default="bench.json", help="JSON file for the results (default bench.json)")
     b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")

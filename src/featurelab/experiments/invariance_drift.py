@@ -103,7 +103,8 @@ class EarlyLoss:
 def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     arch, eta, seed = unit["arch"], unit["eta"], unit["seed"]
     data = separable(cfg.n_train, 0, 128 if arch == "conv" else 10, cfg.margin, seed=seed)
-    model = make_model(arch, cfg.init_scale, seed + 1)
+    model = make_model(arch, cfg.init_scale, seed + 1).to(ctx.device)
+    data = data.to(device=ctx.device)  # the tracker holds tensors of the model's device
     tracker = InvariantTracker(model, data.X_train, extra=identity_block_controls(model))
     early = EarlyLoss()
     steps = int(round(cfg.tau / eta))

@@ -54,10 +54,10 @@ def make_model(cfg: Config, seed: int, n_linear: int) -> HomogeneousNet:
     )
 
 
-def block_masks(n: int, n_linear: int) -> dict[str, torch.Tensor]:
+def block_masks(n: int, n_linear: int, device=None) -> dict[str, torch.Tensor]:
     """Entry masks of I's blocks: AA/BB off-diagonal linear-linear / ReLU-ReLU, AB cross, diag."""
-    lin = torch.arange(n) < n_linear
-    off = ~torch.eye(n, dtype=torch.bool)
+    lin = torch.arange(n, device=device) < n_linear
+    off = ~torch.eye(n, dtype=torch.bool, device=device)
     return {
         "AA": lin[:, None] & lin[None, :] & off,
         "BB": ~lin[:, None] & ~lin[None, :] & off,
@@ -98,7 +98,8 @@ def units(cfg: Config) -> list[dict]:
 def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     data = separable(cfg.n_train, 0, 10, cfg.margin, seed=unit["seed"])
     plain = unit.get("plain", False)
-    model = make_model(cfg, unit["seed"] + 1, 0 if plain else cfg.n_linear)
+    model = make_model(cfg, unit["seed"] + 1, 0 if plain else cfg.n_linear).to(ctx.device)
+    data = data.to(device=ctx.device)  # the trackers hold tensors of the model's device
     steps = int(round(cfg.tau / unit["eta"]))
     tc = TrainConfig(
         objective="logistic",
@@ -121,7 +122,7 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     phi = PhiCheck(data, cfg.check_every)
     phi.check(model)
     result = train(model, data, tc, device=ctx.device, callbacks=[phi], progress=ctx.progress)
-    masks = block_masks(cfg.width, cfg.n_linear)
+    masks = block_masks(cfg.width, cfg.n_linear, ctx.device)
     drifts = {}
     with torch.no_grad():
         for l in (0, 1):

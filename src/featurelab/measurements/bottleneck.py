@@ -260,7 +260,7 @@ def theorem7_check(model, X, k: int | None = None, *, rtol: float = 1e-3) -> The
         k = int(jacobian_ranks(model, x, rtol=rtol))
     int_at_least("k", k, 1)
     L = model.depth
-    acts = float64_copy(model)(as_matrix("x", x[None]), return_layers=True).act
+    acts = float64_copy(model).to(x.device)(as_matrix("x", x[None]), return_layers=True).act
     sq = [float((a**2).sum()) + model.bias**2 for a in acts]
     lhs = float(np.mean(sq))
     trace = float(ntk_trace(model, x))
@@ -317,7 +317,8 @@ def representation_spectra(model, X, centred: bool = True) -> list[torch.Tensor]
     """Singular values of α̃_ℓ(X)/√N for ℓ = 1..L (docs/theory/bottleneck-rank.md §3.10), centred over samples by
     default. X: ``N x d_in`` (rows are samples); float64."""
     model = _check_mlp(model)
-    pre = float64_copy(model)(as_matrix("X", X), return_layers=True).pre
+    X = as_matrix("X", X)
+    pre = float64_copy(model).to(X.device)(X, return_layers=True).pre
     return [torch.linalg.svdvals(((z - z.mean(0)) if centred else z) / np.sqrt(len(z))) for z in pre]
 
 

@@ -458,9 +458,9 @@ def rank_one_chain(u, v, G, depth: int, width: int) -> list[torch.Tensor]:
     u: length d_in, v: length N (both >= 0 entrywise); G: ``N x d_out``. Then ‖θ‖² = L and
     L0 = -‖Gᵀv‖‖u‖, the optimum for E = 0.
     """
-    u = torch.as_tensor(u, dtype=torch.float64).reshape(-1)
-    v = torch.as_tensor(v, dtype=torch.float64).reshape(-1)
     G = as_matrix("G", G)
+    u = torch.as_tensor(u, dtype=torch.float64, device=G.device).reshape(-1)
+    v = torch.as_tensor(v, dtype=torch.float64, device=G.device).reshape(-1)
     int_at_least("depth", depth, 2)
     int_at_least("width", width, 1)
     if G.shape[0] != v.numel():
@@ -468,7 +468,7 @@ def rank_one_chain(u, v, G, depth: int, width: int) -> list[torch.Tensor]:
     Gv = G.T @ v
     if float(torch.linalg.norm(Gv)) == 0 or float(torch.linalg.norm(u)) == 0:
         raise FeaturelabError("rank_one_chain needs u != 0 and Gᵀv != 0")
-    e1 = torch.zeros(width, dtype=torch.float64)
+    e1 = torch.zeros(width, dtype=torch.float64, device=G.device)
     e1[0] = 1
     Ws = [e1[:, None] * (u / torch.linalg.norm(u))[None, :]]
     Ws += [e1[:, None] * e1[None, :] for _ in range(depth - 2)]
@@ -501,8 +501,8 @@ def prop33_check(weights, X, G, u, v, eps: float) -> Prop33Check:
     Ws = [W.detach() for W in as_weights(weights, X)]
     X, G = as_data(X, G, Ws[-1].shape[0])
     non_negative("eps", eps)
-    u = torch.as_tensor(u, dtype=torch.float64).reshape(-1)
-    v = torch.as_tensor(v, dtype=torch.float64).reshape(-1)
+    u = torch.as_tensor(u, dtype=torch.float64, device=X.device).reshape(-1)
+    v = torch.as_tensor(v, dtype=torch.float64, device=X.device).reshape(-1)
     L = len(Ws)
     s = -float(_L0(Ws, X, G))
     geps = float(torch.linalg.norm(G)) * eps
@@ -554,7 +554,7 @@ def extend_depth(weights, X, G, k: int, rescale: bool = True) -> list[torch.Tens
     i = int(torch.argmin(tau))
     M = float((a * b).sum())
     n = B.shape[0]
-    e1 = torch.zeros(n, dtype=torch.float64)
+    e1 = torch.zeros(n, dtype=torch.float64, device=B.device)
     e1[0] = 1
     new = Ws[:-2] + [math.sqrt(M) * e1[:, None] * (B[i] / b[i])[None, :]]
     new += [e1[:, None] * e1[None, :] for _ in range(k)]

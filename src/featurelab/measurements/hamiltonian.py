@@ -44,7 +44,7 @@ def _check_data(model: LeakyResNet, X, Y) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def backward_variables(model: LeakyResNet, X, Y, lam: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Representations ``[A_0..A_L]`` and backward variables ``[B_0..B_L]`` (each ``N x w``, float64, CPU).
+    """Representations ``[A_0..A_L]`` and backward variables ``[B_0..B_L]`` (each ``N x w``, float64, on X's device).
 
     ``B_l = −(1/λ) ∂C/∂A_l`` (docs/theory/leaky-resnets.md §3.2, paper §2.4) is the total derivative of the data cost
     ``C = (1/N)‖Y − Ŷ‖²_F`` (the trainer's "mse") through layers l+1..L and ``V_out``, parameters fixed,
@@ -56,6 +56,7 @@ def backward_variables(model: LeakyResNet, X, Y, lam: float) -> tuple[list[torch
 def _backward(m: LeakyResNet, X, Y, lam: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     X, Y = _check_data(m, X, Y)
     positive("lam", lam)
+    m.to(X.device)
     with torch.enable_grad():
         A0 = (X @ m.U_in.T).detach().requires_grad_()
         reps = m.representations(X, A0=A0)
@@ -136,7 +137,7 @@ def balancedness_residual(W: torch.Tensor, positions: torch.Tensor, effective_de
     p = positions.to(torch.float64)
     m = (p[:-1] + p[1:]) / 2
     increments = 2 * effective_depth * (beta[:-1] + beta[1:]) / 2 * (m[1:] - m[:-1])
-    E_hat = E[0] + torch.cat([torch.zeros(1, dtype=E.dtype), torch.cumsum(increments, 0)])
+    E_hat = E[0] + torch.cat([torch.zeros(1, dtype=E.dtype, device=E.device), torch.cumsum(increments, 0)])
     return float((E - E_hat).abs().max() / E.max())
 
 

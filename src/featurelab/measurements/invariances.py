@@ -89,9 +89,12 @@ class Invariant:
         """Boolean mask of the entries conserved at the current activation pattern; `active[key]` is the
         per-unit mask "linear or z > 0 on all examples" (Theorem 1; Part 5 §8: z > 0)."""
         if self.kind != "matrix":
-            return torch.ones(() if self.junction is None else self.junction.leak.shape, dtype=torch.bool)
+            like = self.P1(PARAM)
+            return torch.ones(
+                () if self.junction is None else self.junction.leak.shape, dtype=torch.bool, device=like.device
+            )
         m = active[self.junction.key]
-        return (m[:, None] & m[None, :]) | torch.eye(len(m), dtype=torch.bool)
+        return (m[:, None] & m[None, :]) | torch.eye(len(m), dtype=torch.bool, device=m.device)
 
 
 @dataclass
@@ -121,7 +124,11 @@ def _out_side(i: int, s):
         return (lambda get: unfold_out(get(s.weight))), s.leak, True
     if s.kind == "identity":
         return f"stage {i} (ResNetIdentity) output units: each has a fixed skip in-edge, so Lemma 2 does not apply"
-    return (lambda get: block_out_matrix(s, get)), torch.full((s.c,), s.leak_out, dtype=torch.float64), s.kind == "free"
+    return (
+        (lambda get: block_out_matrix(s, get)),
+        torch.full((s.c,), s.leak_out, dtype=torch.float64, device=s.V1.device),
+        s.kind == "free",
+    )
 
 
 def _in_side(i: int, s, channels: int | None):
@@ -182,7 +189,7 @@ def invariants(model) -> InvariantSet:
                     (i, "hidden"),
                     lambda get, s=s: get(s.V1),
                     lambda get, s=s: get(s.V2),
-                    torch.full((s.b,), s.leak_in, dtype=torch.float64),
+                    torch.full((s.b,), s.leak_in, dtype=torch.float64, device=s.V1.device),
                     True,
                 )
             )
@@ -345,7 +352,7 @@ class InvariantTracker:
         self.stable = [m.clone() for m in self.scopes]
         self.stable_units = {k: v.clone() for k, v in self.active.items()}
         self.signs = [p.detach() >= 0 for p in self.params]
-        self.last_flip = [torch.zeros(p.shape, dtype=torch.long) for p in self.params]
+        self.last_flip = [torch.zeros(p.shape, dtype=torch.long, device=p.device) for p in self.params]
         self.sign_flips = self.activation_flips = 0
         self.directions: list[tuple[int, torch.Tensor]] = [(0, self._direction())]
         self.step = 0

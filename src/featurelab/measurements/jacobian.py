@@ -96,7 +96,7 @@ def jacobian_ranks(model: torch.nn.Module, x, *, rtol: float = 1e-3) -> torch.Te
     non_negative("rtol", rtol)
     J = jacobian(model, x)
     ranks = [numerical_rank(Ji, rtol=rtol) for Ji in (J[None] if J.ndim == 2 else J)]
-    out = torch.tensor(ranks, dtype=torch.int64)
+    out = torch.tensor(ranks, dtype=torch.int64, device=J.device)
     return out[0] if J.ndim == 2 else out
 
 
@@ -136,13 +136,13 @@ def ntk_trace_closed_form(model, x) -> torch.Tensor:
     if not isinstance(model, MLP):
         raise FeaturelabError(f"ntk_trace_closed_form needs a featurelab MLP, got {type(model).__name__}")
     X, single = _inputs(x, model)
-    net = float64_copy(model)
+    net = float64_copy(model).to(X.device)
     Ws = net.weight_matrices()
-    fwd = net(X.cpu(), return_layers=True)
+    fwd = net(X, return_layers=True)
     pre, act = fwd.pre, fwd.act
     L = model.depth
     d_out = Ws[-1].shape[0]
-    G = torch.eye(d_out, dtype=torch.float64).expand(X.shape[0], d_out, d_out)  # ∂f/∂α̃_L
+    G = torch.eye(d_out, dtype=torch.float64, device=X.device).expand(X.shape[0], d_out, d_out)  # ∂f/∂α̃_L
     total = ((act[L - 1] ** 2).sum(1) + net.bias**2) * (G**2).sum((1, 2))
     for l in range(L - 1, 0, -1):  # hidden layer l: ∂f/∂α̃_l = ∂f/∂α̃_{l+1} W_{l+1} diag(σ'(α̃_l))
         z = pre[l - 1]

@@ -159,7 +159,7 @@ class Paths:
             start += p.numel()
         else:
             raise FeaturelabError("param is not a parameter of this network")
-        out = torch.zeros(len(self.edges), param.numel(), dtype=torch.float64)
+        out = torch.zeros(len(self.edges), param.numel(), dtype=torch.float64, device=param.device)
         for i, e in enumerate(self.edges):
             for k in e:
                 if start <= k < start + param.numel():

@@ -248,7 +248,7 @@ def principal_view(F: LayerForces, view: str = "datapoint", k: int = 2, max_poin
         basis, Z, att, rep = Qh[:k].T, F.Z, F.attraction, F.repulsion
     else:
         basis, Z, att, rep = P[:, :k], F.Z.T, F.attraction.T, F.repulsion.T
-    idx = torch.arange(Z.shape[0])[:max_points]
+    idx = torch.arange(Z.shape[0], device=Z.device)[:max_points]
     return Z[idx] @ basis, att[idx] @ basis, rep[idx] @ basis, idx
 
 
@@ -293,7 +293,7 @@ def tikhonov_loss(
         A = model.with_bias(a)
         Ks = A @ A.T
         eps = rtol * torch.trace(Ks).detach() / Ks.shape[0]
-        C = torch.linalg.cholesky(Ks + eps * torch.eye(Ks.shape[0], dtype=Ks.dtype))
+        C = torch.linalg.cholesky(Ks + eps * torch.eye(Ks.shape[0], dtype=Ks.dtype, device=Ks.device))
         total = total + (torch.linalg.solve_triangular(C, Z, upper=False) ** 2).sum()
         if l < len(Zs):
             a = model.sigma(Z, l)

@@ -37,8 +37,8 @@ def _replace_layer(weights, l: int, W_in: torch.Tensor, W_out: torch.Tensor, bia
     """Put new incoming weights of hidden layer l (rows) and outgoing weights (columns) into a copy."""
     new = list(weights)
     if W_in.shape[0] == 0:  # keep one zero neuron: a width-0 layer does not exist
-        W_in = torch.zeros(1, weights[l - 1].shape[1], dtype=torch.float64)
-        W_out = torch.zeros(weights[l].shape[0], 1, dtype=torch.float64)
+        W_in = weights[l - 1].new_zeros(1, weights[l - 1].shape[1])
+        W_out = weights[l].new_zeros(weights[l].shape[0], 1)
     bias_col = weights[l][:, -1:] if bias else weights[l][:, :0]
     new[l - 1] = W_in
     new[l] = torch.cat([W_out, bias_col], dim=1)
@@ -102,8 +102,8 @@ def merge_aligned_neurons(model: MLP, X, *, atol: float = 1e-9) -> tuple[MLP, pd
         W = _replace_layer(
             W,
             l,
-            torch.stack(W_in) if W_in else torch.zeros(0, W[l - 1].shape[1], dtype=torch.float64),
-            torch.stack(W_out, dim=1) if W_out else torch.zeros(n_out, 0, dtype=torch.float64),
+            torch.stack(W_in) if W_in else W[l - 1].new_zeros(0, W[l - 1].shape[1]),
+            torch.stack(W_out, dim=1) if W_out else W[l].new_zeros(n_out, 0),
             model.bias > 0,
         )
         rows.append(
@@ -132,10 +132,10 @@ def pair_factor(Z: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
     blocks = []
     for M in (Z, S):
         R = torch.linalg.qr(M, mode="r").R
-        iu = torch.triu_indices(R.shape[0], R.shape[0])
-        coef = torch.where(iu[0] == iu[1], 1.0, 2.0**0.5).to(torch.float64)
+        iu = torch.triu_indices(R.shape[0], R.shape[0], device=M.device)
+        coef = torch.where(iu[0] == iu[1], 1.0, 2.0**0.5).to(device=M.device, dtype=torch.float64)
         blocks.append((iu, coef, R))
-    acc = torch.zeros(0, Z.shape[1], dtype=torch.float64)
+    acc = Z.new_zeros(0, Z.shape[1], dtype=torch.float64)
     step = max(1, 4 * Z.shape[1])
     for iu, coef, R in blocks:
         for k in range(0, iu.shape[1], step):
@@ -160,7 +160,7 @@ def caratheodory_weights(null: torch.Tensor) -> torch.Tensor:
     t = min_{φ_i>0} a_i/φ_i is then at most a_pivot/|φ_pivot|, which keeps the error of an approximate
     null vector from being amplified (partial pivoting; the paper only asks for some positive entry).
     """
-    a = torch.ones(null.shape[0], dtype=torch.float64)
+    a = null.new_ones(null.shape[0], dtype=torch.float64)
     Phi = null.clone()
     for j in range(Phi.shape[1]):
         phi = Phi[:, j]
@@ -212,7 +212,7 @@ def caratheodory_reduce(model: MLP, X, *, rtol: float = NULL_RTOL) -> tuple[MLP,
         S = model.sigma(Z, l)
         alive = torch.nonzero(S.norm(dim=0) > 0).flatten()
         Za, Sa = Z[:, alive], S[:, alive]
-        null, rank = null_space(pair_factor(Za, Sa), rtol) if alive.numel() else (torch.zeros(0, 0), 0)
+        null, rank = null_space(pair_factor(Za, Sa), rtol) if alive.numel() else (Z.new_zeros(0, 0), 0)
         row = {"layer": l, "width_before": Z.shape[1], "dead": Z.shape[1] - alive.numel(), "rank": rank}
         if alive.numel() == Z.shape[1] and null.shape[1] == 0:
             rows.append(
@@ -225,7 +225,7 @@ def caratheodory_reduce(model: MLP, X, *, rtol: float = NULL_RTOL) -> tuple[MLP,
                 }
             )
             continue
-        a = caratheodory_weights(null) if null.shape[1] else torch.ones(alive.numel(), dtype=torch.float64)
+        a = caratheodory_weights(null) if null.shape[1] else Z.new_ones(alive.numel(), dtype=torch.float64)
         keep = torch.nonzero(a > 0).flatten()
         _, _, Q = row_basis(A_prev, RTOL)
         W_in = (W[l - 1][alive[keep]] @ Q @ Q.T) * a[keep].sqrt()[:, None]
@@ -237,7 +237,7 @@ def caratheodory_reduce(model: MLP, X, *, rtol: float = NULL_RTOL) -> tuple[MLP,
             W = list(W)
             W[l - 1], W[l] = W_in, W_next.contiguous()
         else:
-            W = _replace_layer(W, l, W_in, torch.zeros(Z_next.shape[1], 0, dtype=torch.float64), model.bias > 0)
+            W = _replace_layer(W, l, W_in, Z_next.new_zeros(Z_next.shape[1], 0), model.bias > 0)
         K, Kr = Za @ Za.T, Zr @ Zr.T
         Ks, Ksr = Sa @ Sa.T, Ar[:, :n_keep] @ Ar[:, :n_keep].T
         gram = max(
@@ -280,7 +280,7 @@ def pattern_merge(model: MLP, X) -> tuple[MLP, pd.DataFrame]:
     groups: dict[tuple, list[int]] = {}
     for i in range(n):
         if pattern[:, i].any() and c[i] != 0:
-            groups.setdefault((bytes(pattern[:, i].numpy()), bool(c[i] > 0)), []).append(i)
+            groups.setdefault((bytes(pattern[:, i].cpu().numpy()), bool(c[i] > 0)), []).append(i)
     W_in, W_out = [], []
     for (_, positive_c), idx in groups.items():
         v = (c[idx].abs()[:, None] * W1[idx]).sum(0)
@@ -290,8 +290,8 @@ def pattern_merge(model: MLP, X) -> tuple[MLP, pd.DataFrame]:
     W = _replace_layer(
         lay.weights,
         1,
-        torch.stack(W_in) if W_in else torch.zeros(0, W1.shape[1], dtype=torch.float64),
-        torch.stack(W_out)[None, :] if W_out else torch.zeros(1, 0, dtype=torch.float64),
+        torch.stack(W_in) if W_in else W1.new_zeros(0, W1.shape[1]),
+        torch.stack(W_out)[None, :] if W_out else W1.new_zeros(1, 0),
         model.bias > 0,
     )
     report = pd.DataFrame(
@@ -317,9 +317,9 @@ def pad_width(model: MLP, extra: int) -> MLP:
     W = [w.detach().to(torch.float64).cpu() for w in model.weights]
     for l in range(1, model.depth):
         n_prev = W[l - 1].shape[1]
-        W[l - 1] = torch.cat([W[l - 1], torch.zeros(extra, n_prev, dtype=torch.float64)])
+        W[l - 1] = torch.cat([W[l - 1], W[l - 1].new_zeros(extra, n_prev)])
         n = W[l - 1].shape[0] - extra
-        W[l] = torch.cat([W[l][:, :n], torch.zeros(W[l].shape[0], extra, dtype=torch.float64), W[l][:, n:]], dim=1)
+        W[l] = torch.cat([W[l][:, :n], W[l].new_zeros(W[l].shape[0], extra), W[l][:, n:]], dim=1)
     return mlp_with_weights(model, W)
 
 

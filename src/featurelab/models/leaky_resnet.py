@@ -100,11 +100,16 @@ class LeakyResNet(nn.Module):
 
     Attributes: ``W`` (Parameter, L x w x (w+1)), ``rho`` (buffer, float64, L), ``U_in`` (w x d_in),
     ``V_out`` (d_out x w), ``rho_history`` (list of ρ vectors after each adaptive update).
+
+    ``forward`` and ``penalty`` also run on every tensor stacked along a leading member axis (``W``
+    ``M x L x w x (w+1)``, ``rho`` ``M x L``, L̃ a float or ``(M,)``), as the training engine's ensembles
+    pass them: inputs ``N x d_in`` or ``M x N x d_in``, outputs ``M x N x d_out``, penalties ``(M,)``.
     """
 
     rho: torch.Tensor
     U_in: torch.Tensor
     V_out: torch.Tensor
+    member_floats = ("effective_depth", "irregular_a")  # may differ in a stacked forward
 
     def __init__(
         self,
@@ -192,7 +197,7 @@ class LeakyResNet(nn.Module):
     @staticmethod
     def sigma(A: torch.Tensor) -> torch.Tensor:
         """σ(A) = [ReLU(A), 1] (N x (w+1))."""
-        return torch.cat([torch.relu(A), torch.ones_like(A[:, :1])], dim=1)
+        return torch.cat([torch.relu(A), torch.ones_like(A[..., :1])], dim=-1)
 
     def representations(
         self, X: torch.Tensor, rho: torch.Tensor | None = None, A0: torch.Tensor | None = None
@@ -200,12 +205,13 @@ class LeakyResNet(nn.Module):
         """``[A_0, ..., A_L]``, each N x w. `rho` overrides the stored steps (any positive values,
         e.g. a leaf tensor for ∂𝓛/∂ρ); `A0` overrides ``X U_inᵀ`` (e.g. a leaf for ∂C/∂A_0)."""
         rho = self.rho if rho is None else rho
-        A = X @ self.U_in.T if A0 is None else A0
+        A = X @ self.U_in.mT if A0 is None else A0
         reps = [A]
         Lt = self.effective_depth
-        for l, W_l in enumerate(self.W.unbind(0)):  # unbind: one backward, not L full-size select_backward
-            r = rho[l].to(A.dtype)
-            A = (1 - r * Lt) * A + r * (self.sigma(A) @ W_l.T)
+        for l, W_l in enumerate(self.W.unbind(-3)):  # unbind: one backward, not L full-size select_backward
+            r = rho[..., l].to(A.dtype)  # 0-d, or (M,) for stacked members
+            skip = (1 - r * Lt)[..., None, None]
+            A = skip * A + r[..., None, None] * (self.sigma(A) @ W_l.mT)
             reps.append(A)
         return reps
 
@@ -214,7 +220,7 @@ class LeakyResNet(nn.Module):
         ``pre = [A_0, ..., A_L]`` (the representations, N x w) and ``act = [σ(A_0), ..., σ(A_{L-1})]``
         (N x (w+1), the inputs of the W_l)."""
         reps = self.representations(X, rho=rho)
-        out = reps[-1] @ self.V_out.T
+        out = reps[-1] @ self.V_out.mT
         return Forward(out, reps, [self.sigma(A) for A in reps[:-1]]) if return_layers else out
 
     # -------------------------------------------------------------------------- parameters
@@ -226,9 +232,9 @@ class LeakyResNet(nn.Module):
     def penalty(self, lam: float, rho: torch.Tensor | None = None) -> torch.Tensor:
         """R = λ/(2L̃) Σ_l ρ_l ‖W_l‖²_F (+ (λ/2)(‖U_in‖² + ‖V_out‖²) if io is learned), Part 1 §1."""
         rho = self.rho if rho is None else rho
-        R = lam / (2 * self.effective_depth) * (rho.to(self.W.dtype) * (self.W**2).sum(dim=(1, 2))).sum()
+        R = lam / (2 * self.effective_depth) * (rho.to(self.W.dtype) * (self.W**2).sum(dim=(-2, -1))).sum(-1)
         if self.io == "learned":
-            R = R + lam / 2 * ((self.U_in**2).sum() + (self.V_out**2).sum())
+            R = R + lam / 2 * ((self.U_in**2).sum((-2, -1)) + (self.V_out**2).sum((-2, -1)))
         return R
 
     def extra_repr(self) -> str:

@@ -41,6 +41,10 @@ def leaky_relu(x: torch.Tensor, leak: float) -> torch.Tensor:
 class MLP(nn.Module):
     """Deep fully-connected network of `depth` weight matrices (docs/theory/bottleneck-rank.md §1, Part 3 §1).
 
+    ``forward`` and ``penalty`` also run on weights stacked along a leading member axis
+    (``M x n_l x (n_{l-1}+1)``, as the training engine's ensembles pass them): inputs ``N x d_in`` or
+    ``M x N x d_in``, outputs ``M x N x d_out``, penalties ``(M,)``.
+
     Args:
         d_in, d_out: input and output dimensions.
         width: an int (every hidden layer) or a list of ``depth - 1`` hidden widths.
@@ -56,6 +60,8 @@ class MLP(nn.Module):
         seed: seed of the init (a private generator; the global RNG is untouched).
         dtype: torch.float32 (default) or torch.float64.
     """
+
+    member_floats = ("init_scale",)  # floats that may differ in a stacked forward (init_scale is not read)
 
     def __init__(
         self,
@@ -124,10 +130,10 @@ class MLP(nn.Module):
         return leaky_relu(z, self.leak)
 
     def with_bias(self, a: torch.Tensor) -> torch.Tensor:
-        """``[a, β·1]`` (N x (n+1)) when β > 0, else `a` unchanged."""
+        """``[a, β·1]`` (N x (n+1), or M x N x (n+1)) when β > 0, else `a` unchanged."""
         if self.bias == 0:
             return a
-        return torch.cat([a, torch.full_like(a[:, :1], self.bias)], dim=1)
+        return torch.cat([a, torch.full_like(a[..., :1], self.bias)], dim=-1)
 
     def forward(self, X: torch.Tensor, return_layers: bool = False):
         """X: ``N x d_in`` -> output ``N x d_out``; with ``return_layers=True`` a `Forward` with
@@ -135,7 +141,7 @@ class MLP(nn.Module):
         ``act = [Zσ_0 = X, Zσ_1, ..., Zσ_{L-1}]`` (activations without the bias column)."""
         a, pre, act = X, [], [X]
         for l, W in enumerate(self.weights, start=1):
-            z = self.with_bias(a) @ W.T
+            z = self.with_bias(a) @ W.mT
             pre.append(z)
             if l < self.depth:
                 a = self.sigma(z, l)
@@ -162,8 +168,8 @@ class MLP(nn.Module):
         return self.weight_matrices()
 
     def sq_norm(self) -> torch.Tensor:
-        """‖θ‖² = Σ_l ‖W_l‖²_F including the bias columns."""
-        return torch.stack([(W**2).sum() for W in self.weights]).sum()
+        """‖θ‖² = Σ_l ‖W_l‖²_F including the bias columns (per member for stacked weights)."""
+        return torch.stack([(W**2).sum((-2, -1)) for W in self.weights]).sum(0)
 
     def penalty(self, lam: float) -> torch.Tensor:
         """L2 penalty λ‖θ‖² of Parts 2-3 (the loss is C + λ‖θ‖²)."""

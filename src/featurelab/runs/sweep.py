@@ -113,19 +113,62 @@ def finished(run_dir: Path, unit_id: str, cfg: ExperimentConfig) -> dict | None:
     return record["result"]
 
 
-def plan(
-    exp: Experiment, cfg: ExperimentConfig, pending: list[dict], run_dir: Path, *, batch: bool, workers: int
-) -> list[list[dict]]:
-    """Work items: lists of units, one unit each, or several fresh units of equal `ensemble_key`.
+def member_bytes(job) -> int:
+    """Device memory one member of an ensemble needs: the tensors autograd saves in one forward pass
+    (measured on the CPU with saved-tensor hooks), plus the parameters, their gradients and two Adam
+    moments, plus its data."""
+    import torch
 
-    A group is cut into near-equal ensembles so that there are about `workers` items in all (each
-    worker then trains one ensemble; the sweep passes workers=1 on a GPU, so a group stays whole).
-    Units with a checkpoint (an interrupted run) or whose build fails stay single."""
+    from ..training import data_cost
+
+    saved = [0]
+
+    def pack(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    model, data = job.model, job.data
+    dtype = next(model.parameters()).dtype
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        cost = data_cost(job.config.objective, model(data.X_train.to(dtype)), data.Y_train)
+        (cost + model.penalty(job.config.lam)).backward()
+    model.zero_grad(set_to_none=True)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    data_bytes = sum(t.numel() * t.element_size() for t in (data.X_train, data.Y_train, data.X_test, data.Y_test))
+    return saved[0] + 4 * params + data_bytes
+
+
+def cuda_capacity(job, device: str, headroom: float = 0.8) -> int:
+    """How many members like `job` fit in `headroom` of the GPU's free memory (``torch.cuda.mem_get_info``)."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return max(1, int(headroom * free // max(1, member_bytes(job))))
+
+
+def plan(
+    exp: Experiment,
+    cfg: ExperimentConfig,
+    pending: list[dict],
+    run_dir: Path,
+    *,
+    batch: bool,
+    workers: int,
+    device: str = "cpu",
+) -> tuple[list[list[dict]], dict[str, object]]:
+    """Work items, and the units built to plan them (by id, so that each unit is built once): lists of
+    units, one unit each, or several fresh units of equal `ensemble_key`.
+
+    On CPUs a group is cut into near-equal ensembles so that there are about `workers` items in all
+    (each worker then trains one ensemble). On CUDA a group is packed into as few ensembles as fit in
+    the free GPU memory (`cuda_capacity`). Units with a checkpoint (an interrupted run) or whose build
+    fails stay single."""
     if not batch or exp.build is None or len(pending) < 2:
-        return [[u] for u in pending]
+        return [[u] for u in pending], {}
     from ..training.ensemble import ensemble_key
 
     groups: dict[object, list[dict]] = {}
+    built: dict[str, object] = {}
     singles = []
     for u in pending:
         key = None
@@ -133,6 +176,7 @@ def plan(
             try:
                 job = exp.build(cfg, u)
                 key = ensemble_key(job.model, job.data, job.config)
+                built[u["id"]] = job
             except Exception:  # the unit runs alone and reports its own error
                 key = None
         if key is None:
@@ -141,10 +185,13 @@ def plan(
             groups.setdefault(key, []).append(u)
     items = []
     for members in groups.values():
-        chunks = min(len(members), max(1, round(workers * len(members) / len(pending))))
-        size = math.ceil(len(members) / chunks)
+        if device.startswith("cuda"):
+            size = cuda_capacity(built[members[0]["id"]], device)
+        else:
+            chunks = min(len(members), max(1, round(workers * len(members) / len(pending))))
+            size = math.ceil(len(members) / chunks)
         items += [members[i : i + size] for i in range(0, len(members), size)]
-    return items + singles
+    return items + singles, built
 
 
 def run_units(
@@ -185,12 +232,24 @@ def run_units(
     if not pending:
         return outcome
     n_workers = workers or os.cpu_count() or 1
-    # on a GPU one large ensemble beats several processes sharing the device; on CPUs, one per worker
-    groups = plan(exp, cfg, pending, run_dir, batch=batch, workers=1 if device.startswith("cuda") else n_workers)
+    # on a GPU large ensembles (as many members as fit) beat processes sharing the device; on CPUs,
+    # one ensemble per worker
+    groups, built = plan(exp, cfg, pending, run_dir, batch=batch, workers=n_workers, device=device)
     outcome.ensembles = [len(g) for g in groups if len(g) > 1]
     show = sys.stderr.isatty() if progress is None else progress  # bars on a terminal, quiet in logs
+    n = min(n_workers, len(groups))
+    in_process = backend == "local" and n == 1  # then the units built by `plan` are trained as built
     items = [
-        WorkItem(exp, cfg, tuple(g), tuple(str(unit_dir(run_dir, u["id"])) for u in g), device, resume, threads)
+        WorkItem(
+            exp,
+            cfg,
+            tuple(g),
+            tuple(str(unit_dir(run_dir, u["id"])) for u in g),
+            device,
+            resume,
+            threads,
+            tuple(built[u["id"]] for u in g) if in_process and len(g) > 1 else None,
+        )
         for g in groups
     ]
 
@@ -202,7 +261,6 @@ def run_units(
             elif o.result is not None:
                 outcome.results[o.id] = o.result
 
-    n = min(n_workers, len(items))
     if backend == "ray":
         from .ray_backend import run_items
 

@@ -40,6 +40,7 @@ class WorkItem:
     device: str = "cpu"
     resume: bool = False
     threads: int = 1
+    jobs: tuple | None = None  # the units' `TrainingUnit`s when already built (in-process sweeps)
 
     def with_folders(self, folders) -> WorkItem:
         return WorkItem(
@@ -50,6 +51,7 @@ class WorkItem:
             self.device,
             self.resume,
             self.threads,
+            self.jobs,
         )
 
 
@@ -95,7 +97,7 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
     for p in paths:
         p.mkdir(parents=True, exist_ok=True)
     try:
-        jobs = [exp.build(cfg, u) for u in item.units]
+        jobs = list(item.jobs) if item.jobs is not None else [exp.build(cfg, u) for u in item.units]
         trained = train_ensemble(
             [j.model for j in jobs],
             [j.data for j in jobs],

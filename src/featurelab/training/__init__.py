@@ -1,11 +1,13 @@
 """Training: phases of Adam / GD / SGD / L-BFGS on C + model.penalty(lam), with resumable run records."""
 
 from .checkpoint import load_model, save_model
+from .engine import evaluate, param_norm
 from .ensemble import ensemble_key, train_ensemble
 from .objectives import OBJECTIVES, data_cost, error_rate
+from .phases import Phase, TrainConfig, TrainResult
 from .plateaus import Plateau, detect_plateaus, plateau_start
 from .schedule import OptimizerConfig
-from .trainer import Phase, TrainConfig, TrainResult, evaluate, param_norm, train
+from .trainer import train
 
 __all__ = [
     "Phase",

@@ -103,18 +103,6 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
     return tensors, {"scalars": scalars, "param_groups": sd["param_groups"]}
 
 
-def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], info: dict) -> None:
-    state: dict[int, dict] = {}
-    for name, val in tensors.items():
-        if name.startswith("optim."):
-            _, idx, key = name.split(".", 2)
-            state.setdefault(int(idx), {})[key] = val
-    for name, val in info["scalars"].items():
-        idx, key = name.split(".", 1)
-        state.setdefault(int(idx), {})[key] = val
-    optimizer.load_state_dict({"state": state, "param_groups": info["param_groups"]})
-
-
 def save_checkpoint(
     folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, info: dict
 ) -> None:

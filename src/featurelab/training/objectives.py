@@ -16,8 +16,8 @@ OBJECTIVES = ("mse", "cross_entropy", "logistic")
 
 def _as_targets(out: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     if Y.dtype in (torch.int64, torch.int32):
-        return F.one_hot(Y.long(), out.shape[1]).to(out.dtype)
-    return Y.reshape(out.shape).to(out.dtype)
+        return F.one_hot(Y.long(), out.shape[-1]).to(out.dtype)
+    return Y.reshape(out.shape if Y.numel() == out.numel() else out.shape[-2:]).to(out.dtype)
 
 
 def data_cost(objective: str, out: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
@@ -26,16 +26,23 @@ def data_cost(objective: str, out: torch.Tensor, Y: torch.Tensor) -> torch.Tenso
     mse: (1/N)‖Y - f(X)‖²_F (sum over outputs, NOT torch's MSELoss, which also divides by d_out);
     cross_entropy: mean softmax cross-entropy against int labels;
     logistic: mean log(1 + exp(-y f)) for y ∈ {±1} and scalar f (via logaddexp, exact for large margins).
+    A leading member axis (`out` ``M x N x d_out``, `Y` shared or stacked) gives one cost per member, ``(M,)``.
     """
     if objective == "mse":
-        return ((out - _as_targets(out, Y)) ** 2).sum() / out.shape[0]
+        if out.dim() == 1:  # one output per sample
+            out = out[:, None]
+        return ((out - _as_targets(out, Y)) ** 2).sum((-2, -1)) / out.shape[-2]
     if objective == "cross_entropy":
         if Y.dtype not in (torch.int64, torch.int32):
             raise FeaturelabError("objective='cross_entropy' needs integer class labels as targets")
-        return F.cross_entropy(out, Y.long())
+        if out.dim() == 2:
+            return F.cross_entropy(out, Y.long())
+        labels = Y.long().expand(out.shape[:-1])  # log Σ_c e^{f_c} - f_y per sample (cheaper than log_softmax here)
+        return (out.logsumexp(-1) - out.gather(-1, labels[..., None]).squeeze(-1)).mean(-1)
     if objective == "logistic":
-        margin = Y.reshape(-1).to(out.dtype) * out.reshape(-1)
-        return torch.logaddexp(torch.zeros_like(margin), -margin).mean()
+        f = out.reshape(*out.shape[:-2], -1) if out.dim() >= 2 else out
+        margin = Y.to(out.dtype).reshape(f.shape if Y.numel() == f.numel() else f.shape[-1:]) * f
+        return torch.logaddexp(torch.zeros_like(margin), -margin).mean(-1)
     raise FeaturelabError(f"objective={objective!r} is not allowed; choose one of: {', '.join(OBJECTIVES)}")
 
 

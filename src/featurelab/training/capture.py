@@ -1,0 +1,63 @@
+"""Whole-step capture on CUDA: one training step (forward, backward, schedule, trust region, optimizer
+update) recorded once as a CUDA graph (`torch.cuda.graph`) and replayed every later step, so a step
+costs one launch and the host never waits for the device between log steps.
+
+Only taken on CUDA, for phases whose step is the same kernels every time: no L-BFGS (its line search
+branches on the host), no loss guard (its rollback branches per window), no adaptive steps (ρ is
+recomputed on the host), no ``on_step`` callbacks and no ``lr_rule``. Everything else runs eagerly;
+the engine says so once per reason. The step's inputs that change between replays live in static
+device tensors the engine refills before each replay (the step index for the schedule, the
+mini-batch indices); the optimizer state is updated in place (`engine._update`), so the graph reads
+and writes the same memory every replay. docs/scale.md says what of this is verified where.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+
+WARMUP_STEPS = 3  # real steps on a side stream before capture (they allocate the optimizer state)
+_ANNOUNCED: set[str] = set()
+
+
+def eager_reason(device: torch.device, phase, *, on_step: bool, lr_rule: bool) -> str | None:
+    """Why this phase's step cannot be captured on `device`, or None when it can (always a reason off CUDA)."""
+    if device.type != "cuda":
+        return "not on CUDA"
+    for reason, applies in (
+        ("an L-BFGS phase (host-side line search)", phase.optimizer == "lbfgs"),
+        ("the loss guard (rollback decided per window)", bool(phase.guard_window)),
+        ("adaptive Leaky-ResNet steps (updated on the host)", bool(phase.adapt_every)),
+        ("an on_step callback", on_step),
+        ("an lr_rule", lr_rule),
+    ):
+        if applies:
+            return reason
+    return None
+
+
+def announce(reason: str) -> None:
+    """Say once per reason that steps run eagerly on CUDA."""
+    if reason not in _ANNOUNCED:
+        _ANNOUNCED.add(reason)
+        warnings.warn(f"CUDA: training steps run eagerly (no graph capture) because of {reason}", stacklevel=3)
+
+
+def warmup(body: Callable[[], None]) -> None:
+    """One real step on a side stream (before capture, as `torch.cuda.graph` asks)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def capture(body: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """Record `body` (one full training step reading and writing only static device tensors) as a
+    CUDA graph; nothing runs until ``graph.replay()``."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph

@@ -1,0 +1,283 @@
+"""CUDA against CPU: every experiment's smallest preset and every public measurement give, on a GPU, what
+they give on the CPU. Skipped without a GPU; run by ``make test-gpu``.
+
+Tolerances. Measurements run in float64 on both devices, so their numbers agree to float64 rounding of
+differently ordered sums: ``rtol = 1e-8`` (a singular value or a solve amplifies rounding by at most the
+condition numbers of these small, well-conditioned inputs). Experiments train in their own dtype (float32
+for most presets); the GPU's reductions sum in another order than the CPU's, and that rounding difference
+grows along training, so their headline numbers are compared at ``rtol = 1e-3`` (TF32 is switched off, so
+both devices compute in true float32) and their claims' verdicts must be equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import featurelab.measurements as fm
+from featurelab.experiments import REGISTRY
+from featurelab.models import MLP, Conv, Dense, Flatten, HomogeneousNet, LeakyResNet, ResBlock
+from featurelab.runs import run_experiment
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+MEASURE_RTOL = 1e-8
+EXPERIMENT_RTOL = 1e-3
+D = torch.float64
+NEEDS_LOCAL_FILES = {"saddle-mnist"}  # MNIST is read from disk, never downloaded
+
+
+@pytest.fixture(autouse=True)
+def _true_float32():
+    """No TF32: float32 matmuls and convolutions on the GPU round as float32 does on the CPU."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+# ------------------------------------------------------------------------------- comparison
+def _numbers(x):
+    """Every number in `x` (tensors, frames, dataclasses, named tuples, dicts, lists), as a flat list of
+    float64 arrays, and the structure's shape signature."""
+    if isinstance(x, torch.Tensor):
+        return [x.detach().cpu().double().numpy().ravel()]
+    if isinstance(x, pd.DataFrame):
+        num = x.select_dtypes("number")
+        return [num.to_numpy(dtype=float).ravel()] + _numbers(x.attrs.get("summary", {}))
+    if isinstance(x, torch.nn.Module):
+        return [p.detach().cpu().double().numpy().ravel() for p in x.state_dict().values()]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _numbers([getattr(x, f.name) for f in dataclasses.fields(x)])
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return _numbers(list(x))
+    if isinstance(x, dict):
+        return _numbers([x[k] for k in sorted(x, key=str)])
+    if isinstance(x, (list, tuple)):
+        return [a for item in x for a in _numbers(item)]
+    if isinstance(x, (bool, int, float, np.floating, np.integer)):
+        return [np.array([float(x)])]
+    return []
+
+
+def assert_same(cpu, gpu, rtol, what):
+    a, b = _numbers(cpu), _numbers(gpu)
+    assert [x.shape for x in a] == [y.shape for y in b], what
+    for x, y in zip(a, b):
+        scale = max(1.0, float(np.nanmax(np.abs(x), initial=0.0)) if np.isfinite(x).any() else 1.0)
+        np.testing.assert_allclose(y, x, rtol=rtol, atol=rtol * scale, equal_nan=True, err_msg=what)
+
+
+# -------------------------------------------------------------------------------- measurements
+def _mlp(bias=1.0, leak=0.0, d_in=3, d_out=2, widths=(5, 4), seed=0):
+    return MLP(d_in, d_out, list(widths), len(widths) + 1, leak=leak, bias=bias, seed=seed, dtype=D)
+
+
+def _homogeneous():
+    g = torch.Generator().manual_seed(0)
+    return HomogeneousNet(
+        [
+            Dense(3, 4, 0.0, generator=g),
+            ResBlock("free", 4, 3, 4, sigma_in="relu", sigma_out="relu", generator=g),
+            ResBlock("identity", 4, 3, sigma_in="linear", generator=g),
+            Dense(4, 1, 1.0, generator=g),
+        ]
+    )
+
+
+def _dense():
+    g = torch.Generator().manual_seed(0)
+    return HomogeneousNet([Dense(3, 4, 0.0, generator=g), Dense(4, 4, 0.0, generator=g), Dense(4, 1, 1.0, generator=g)])
+
+
+def _conv():
+    g = torch.Generator().manual_seed(0)
+    return HomogeneousNet(
+        [Conv(1, 2, 2, stride=2, padding=1, generator=g), Flatten(), Dense(8, 1, 1.0, generator=g)],
+        input_shape=(1, 3, 3),
+    )
+
+
+def _leaky():
+    return LeakyResNet(3, 2, 5, depth=6, effective_depth=2.0, seed=0, dtype=D)
+
+
+def _x(n, d, seed=0, positive=False):
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=D)
+    return x.abs() if positive else x
+
+
+def _on(dev, *xs):
+    out = tuple(x.to(dev) for x in xs)
+    return out[0] if len(out) == 1 else out
+
+
+def _relu_weights(dev):
+    return [W.to(dev) for W in _mlp(bias=0.0, widths=(4, 4)).weight_matrices()]
+
+
+def _descent_G():
+    """A G with L0(θ) < 0 for `_relu_weights` on ``_x(6, 3)`` (an escape direction's sign)."""
+    G = _x(6, 2, 1)
+    return G if float(fm.localized_loss(_relu_weights("cpu"), _x(6, 3), G)) < 0 else -G
+
+
+def _signs(n, seed=1):
+    return torch.where(_x(n, 1, seed) > 0, 1.0, -1.0).to(D)
+
+
+def _flow_derivative(dev):
+    net = _dense().to(dev)
+    return fm.flow_derivative(
+        lambda get: fm.gram_difference(net, 0, get), net, *_on(dev, _x(6, 3), _signs(6)), "logistic"
+    )
+
+
+# One call per public measurement: f(dev) builds small valid inputs on `dev` and calls it.
+CALLS = {
+    "singular_values": lambda d: fm.singular_values(_on(d, _x(5, 4))),
+    "stable_rank": lambda d: fm.stable_rank(_on(d, _x(5, 4))),
+    "nuclear_rank": lambda d: fm.nuclear_rank(_on(d, _x(5, 4))),
+    "effective_rank": lambda d: fm.effective_rank(_on(d, _x(5, 4))),
+    "numerical_rank": lambda d: fm.numerical_rank(_on(d, _x(5, 4))),
+    "cost_of_identity": lambda d: fm.cost_of_identity(_on(d, _x(8, 3)), True, 1e-3),
+    "backward_variables": lambda d: fm.backward_variables(_leaky().to(d), *_on(d, _x(7, 3), _x(7, 2, 1)), 0.1),
+    "geodesic_diagnostics": lambda d: fm.geodesic_diagnostics(_leaky().to(d), *_on(d, _x(7, 3), _x(7, 2, 1)), 0.1),
+    "balancedness_residual": lambda d: fm.balancedness_residual(_mlp().to(d)),
+    "bottleneck_rank": lambda d: fm.bottleneck_rank(_mlp().to(d)),
+    "classify_minimum": lambda d: fm.classify_minimum(2, 2, True),
+    "layer_proxy": lambda d: fm.layer_proxy(_on(d, _x(4, 4)), 2),
+    "rebalance": lambda d: fm.rebalance(_mlp().to(d)),
+    "representation_spectra": lambda d: fm.representation_spectra(_mlp().to(d), _on(d, _x(6, 3))),
+    "theorem3_check": lambda d: fm.theorem3_check(_mlp().to(d), _on(d, _x(6, 3)), 0.0, 1),
+    "theorem6_check": lambda d: fm.theorem6_check(_mlp().to(d), _on(d, _x(1, 3)[0])),
+    "theorem7_check": lambda d: fm.theorem7_check(fm.rebalance(_mlp().to(d)), _on(d, _x(1, 3)[0])),
+    "jacobian": lambda d: fm.jacobian(_mlp().to(d), _on(d, _x(4, 3))),
+    "jacobian_ranks": lambda d: fm.jacobian_ranks(_mlp().to(d), _on(d, _x(4, 3))),
+    "ntk_trace": lambda d: fm.ntk_trace(_mlp().to(d), _on(d, _x(4, 3))),
+    "ntk_trace_closed_form": lambda d: fm.ntk_trace_closed_form(_mlp().to(d), _on(d, _x(4, 3))),
+    "balanced_factorization": lambda d: [W @ W.T for W in fm.balanced_factorization(_on(d, _x(4, 4)), 3)],
+    "estimate_representation_cost": lambda d: fm.estimate_representation_cost(
+        [2, 3, 4, 5], [fm.linear_representation_cost(_on(d, _x(3, 3)), L) for L in (2, 3, 4, 5)]
+    ),
+    "linear_expansion": lambda d: fm.linear_expansion(_on(d, _x(4, 4))),
+    "linear_representation_cost": lambda d: fm.linear_representation_cost(_on(d, _x(4, 4)), 3),
+    "log_pdet": lambda d: fm.log_pdet(_on(d, _x(4, 4))),
+    "pdet": lambda d: fm.pdet(_on(d, _x(4, 4))),
+    "pseudo_log": lambda d: fm.pseudo_log(_on(d, _x(4, 4) @ _x(4, 4).T)),
+    "CovariancePair": lambda d: fm.covariance_pairs(_mlp().to(d), _on(d, _x(6, 3)))[0],
+    "covariance_pairs": lambda d: fm.covariance_pairs(_mlp().to(d), _on(d, _x(6, 3))),
+    "LayerForces": lambda d: fm.layer_forces(_mlp().to(d), *_on(d, _x(6, 3), _x(6, 2, 1)), 0.01)[0],
+    "layer_forces": lambda d: fm.layer_forces(_mlp().to(d), *_on(d, _x(6, 3), _x(6, 2, 1)), 0.01),
+    "principal_view": lambda d: [
+        M.abs() for M in fm.principal_view(fm.layer_forces(_mlp().to(d), *_on(d, _x(6, 3), _x(6, 2, 1)), 0.01)[0])
+    ],
+    "project_representations": lambda d: fm.project_representations(
+        _mlp().to(d), _on(d, _x(6, 3)), [z.to(d) for z in _mlp()(_x(6, 3), return_layers=True).pre]
+    ),
+    "projected_gd_step": lambda d: fm.projected_gd_step(
+        _mlp().to(d),
+        _on(d, _x(6, 3)),
+        [z.to(d) for z in _mlp()(_x(6, 3), return_layers=True).pre],
+        _on(d, _x(6, 2, 1)),
+        0.01,
+        0.1,
+    ),
+    "RepresentationLoss": lambda d: fm.representation_loss(_mlp().to(d), *_on(d, _x(6, 3), _x(6, 2, 1)), 0.01),
+    "regularized_loss": lambda d: fm.regularized_loss(_mlp().to(d), *_on(d, _x(6, 3), _x(6, 2, 1)), 0.01),
+    "representation_descent": lambda d: fm.representation_descent(
+        _mlp().to(d), *_on(d, _x(6, 3), _x(6, 2, 1)), 0.01, 0.1, 3
+    ),
+    "representation_loss": lambda d: fm.representation_loss(_mlp().to(d), *_on(d, _x(6, 3), _x(6, 2, 1)), 0.01),
+    "tikhonov_loss": lambda d: fm.tikhonov_loss(
+        _mlp().to(d),
+        _on(d, _x(6, 3)),
+        [z.to(d) for z in _mlp()(_x(6, 3), return_layers=True).pre],
+        _on(d, _x(6, 2, 1)),
+        0.01,
+    ),
+    "weights_from_representations": lambda d: fm.weights_from_representations(
+        _mlp().to(d), _on(d, _x(6, 3)), [z.to(d) for z in _mlp()(_x(6, 3), return_layers=True).pre]
+    ),
+    "caratheodory_reduce": lambda d: fm.caratheodory_reduce(_mlp(widths=(12, 4)).to(d), _on(d, _x(2, 3)))[1],
+    "class_separation": lambda d: fm.class_separation(_on(d, _x(6, 3)), _on(d, torch.tensor([0, 1, 0, 1, 0, 1]))),
+    "merge_aligned_neurons": lambda d: fm.merge_aligned_neurons(_mlp().to(d), _on(d, _x(6, 3)))[1],
+    "pad_width": lambda d: fm.pad_width(_mlp().to(d), 2),
+    "pattern_merge": lambda d: fm.pattern_merge(_mlp(d_out=1, widths=(6,)).to(d), _on(d, _x(5, 3)))[1],
+    "ray_share": lambda d: fm.ray_share(_on(d, _x(6, 5)), 0.9),
+    "EscapeSearch": lambda d: fm.find_escape_directions(*_on(d, _x(6, 3), _x(6, 2, 1)), 3, 4, 4, 20).speeds,
+    "blowup_time": lambda d: fm.blowup_time(0.1, 1.0, 3),
+    "cross_entropy_gradient": lambda d: fm.cross_entropy_gradient(_on(d, torch.tensor([0, 1, 2, 1])), 3),
+    "eig_residual": lambda d: fm.eig_residual(_relu_weights(d), *_on(d, _x(6, 3), _x(6, 2, 1))),
+    "escape_norm": lambda d: fm.escape_norm(_on(d, torch.linspace(0, 1, 5, dtype=D)), 0.1, 1.0, 3),
+    "escape_speed": lambda d: fm.escape_speed(_relu_weights(d), *_on(d, _x(6, 3), _x(6, 2, 1))),
+    "escape_time": lambda d: fm.escape_time(0.1, 1.0, 1.0, 3),
+    "extend_depth": lambda d: fm.extend_depth(_relu_weights(d), *_on(d, _x(6, 3, positive=True), -_x(6, 2, 1)), 1),
+    "find_escape_directions": lambda d: fm.find_escape_directions(*_on(d, _x(6, 3), _x(6, 2, 1)), 3, 4, 4, 20),
+    "layer_diagnostics": lambda d: fm.layer_diagnostics(_relu_weights(d), _on(d, _x(6, 3))),
+    "localized_loss": lambda d: fm.localized_loss(_relu_weights(d), *_on(d, _x(6, 3), _x(6, 2, 1))),
+    "prop33_check": lambda d: fm.prop33_check(
+        fm.rank_one_chain(*_on(d, _x(1, 3, 2, True)[0], _x(1, 6, 3, True)[0], _x(6, 2, 1)), 3, 4),
+        *_on(d, _x(1, 6, 3, True)[0][:, None] * _x(1, 3, 2, True), _x(6, 2, 1)),
+        *_on(d, _x(1, 3, 2, True)[0], _x(1, 6, 3, True)[0]),
+        0.01,
+    ),
+    "prop34_check": lambda d: fm.prop34_check(_relu_weights(d), *_on(d, _x(6, 3), _descent_G())),
+    "rank_one_chain": lambda d: fm.rank_one_chain(
+        *_on(d, _x(1, 3, 2, True)[0], _x(1, 6, 3, True)[0], _x(6, 2, 1)), 3, 4
+    ),
+    "tail_ratio": lambda d: fm.tail_ratio(_on(d, _x(5, 4))),
+    "theorem31_bound": lambda d: fm.theorem31_bound(*_on(d, _x(6, 3), _x(6, 2, 1)), 0.5, 3),
+    "adjacent_alignment": lambda d: fm.adjacent_alignment(_homogeneous().to(d)),
+    "layer_ratios": lambda d: fm.layer_ratios(_homogeneous().to(d)),
+    "theorem2_bounds": lambda d: fm.theorem2_bounds(fm.theorem2_constants(_homogeneous().to(d)), _homogeneous().to(d)),
+    "theorem2_constants": lambda d: fm.theorem2_constants(_homogeneous().to(d)),
+    "Invariant": lambda d: [inv.value() for inv in fm.invariants(_homogeneous().to(d)).items],
+    "InvariantSet": lambda d: len(fm.invariants(_homogeneous().to(d)).items),
+    "InvariantTracker": lambda d: fm.InvariantTracker(_homogeneous().to(d), _on(d, _x(6, 3))).summary(),
+    "drift_slope": lambda d: fm.drift_slope([0.1, 0.2, 0.4], [0.01, 0.04, 0.16]),
+    "flow_derivative": lambda d: _flow_derivative(d),
+    "gram_difference": lambda d: fm.gram_difference(_dense().to(d), 0),
+    "identity_block_controls": lambda d: [inv.value() for inv in fm.identity_block_controls(_homogeneous().to(d))],
+    "invariants": lambda d: [inv.value() for inv in fm.invariants(_conv().to(d)).items],
+    "noninvariance_flow": lambda d: fm.noninvariance_flow(_dense().to(d), *_on(d, _x(6, 3), _signs(6)), "logistic", 0),
+    "enumerate_paths": lambda d: fm.enumerate_paths(_conv().to(d)).weight_products(),
+    "path_enumeration": lambda d: fm.path_enumeration(_conv().to(d), _on(d, _x(5, 9))),
+    "tree_network": lambda d: fm.tree_network(_conv().to(d))(fm.path_enumeration(_conv().to(d), _on(d, _x(5, 9)))),
+}
+
+
+def test_the_table_covers_every_public_measurement():
+    assert sorted(CALLS) == sorted(fm.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_measurement_on_cuda_equals_cpu(name):
+    assert_same(CALLS[name]("cpu"), CALLS[name]("cuda"), MEASURE_RTOL, name)
+
+
+# ---------------------------------------------------------------------------------- experiments
+def _smallest(name: str) -> str:
+    presets = REGISTRY[name].presets
+    return "tiny" if "tiny" in presets else "quick"
+
+
+@pytest.mark.parametrize("name", sorted(set(REGISTRY) - NEEDS_LOCAL_FILES))
+def test_smallest_preset_on_cuda_equals_cpu(name, tmp_path):
+    preset = _smallest(name)
+    runs = {
+        dev: run_experiment(name, preset, out=tmp_path / dev, device=dev, workers=1, progress=False)
+        for dev in ("cpu", "cuda")
+    }
+    cpu, gpu = runs["cpu"], runs["cuda"]
+    verdicts = {dev: {c["id"] or c["statement"]: c["passed"] for c in r.claims} for dev, r in runs.items()}
+    assert verdicts["cuda"] == verdicts["cpu"], name
+    assert_same(cpu.summary, gpu.summary, EXPERIMENT_RTOL, f"{name} --preset {preset}: summary")
+    assert math.isfinite(sum(float(np.nansum(a)) for a in _numbers(gpu.summary)))
