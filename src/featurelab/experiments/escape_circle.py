@@ -101,13 +101,16 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     act = forward(best, X)[1]
     every = max(1, (cfg.rank_one_steps if rank_one else cfg.steps) // cfg.trace_points)
     w1 = [layer_diagnostics(res.run(i), X)["s2_s1"][0] for i in range(len(res.speeds))]
-    thm31 = theorem31_check(best, X, G)
+    # Thm 3.1 needs a positive speed s*; a dead search (speed <= 0) is left to the health check
+    thm31 = theorem31_check(best, X, G) if float(res.speeds.max()) > 0 else None
     return {
         "speeds": res.speeds.tolist(),
         "trace_steps": list(range(0, res.trace.shape[0], every)),
         "trace": res.trace[::every].T.tolist(),
         "s2_s1_W1": w1,
-        "theorem31": {k: thm31[k] for k in ("c", "s_star", "B", "excess", "holds", "informative")},
+        "theorem31": None
+        if thm31 is None
+        else {k: thm31[k] for k in ("c", "s_star", "B", "excess", "holds", "informative")},
         "converged": res.converged.tolist(),
         "best_speed": speed,
         "best_L0": float(localized_loss(best, X, G)),
@@ -254,7 +257,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         f"Thm 3.1 at s* = 1/2: c = {c:.4f}; B(ℓ) = {bounds} (∞ = vacuous; B < 1 needs ℓ > 81c² = {81 * c * c:.0f})."
     )
     if pgd:
-        t31 = [r["theorem31"] for r, _ in pgd]
+        t31 = [r["theorem31"] for r, _ in pgd if r["theorem31"] is not None]
         notes.append(
             "Thm 3.1 evaluated on the best run of each width (`theorem31_check`, s* = its own speed): c = "
             f"{fmt([t['c'] for t in t31])}, informative layers {[t['informative'] for t in t31]}, holds "

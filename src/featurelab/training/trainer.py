@@ -119,6 +119,8 @@ def train(
     """
     if not isinstance(config, TrainConfig):
         config = TrainConfig.model_validate(config)
+    if not isinstance(model, torch.nn.Module):
+        raise FeaturelabError(f"model={type(model).__name__} is not allowed: it must be a torch.nn.Module")
     if not isinstance(model, Trainable):
         raise FeaturelabError(
             f"model of type {type(model).__name__} has no penalty(lam), so featurelab cannot apply its L2 "
