@@ -59,3 +59,27 @@ def test_quick_preset_checks_Q1_to_Q7(tmp_path):
             f"max|H_T4-H|={row['thm4_gap_max']:.3g}, balancedness={row['balancedness']:.3g}, "
             f"spread ĥ={row['h_spread']:.3g}"
         )
+
+
+def test_paired_advantage_pairs_seeds():
+    import pandas as pd
+
+    from featurelab.experiments.leaky_discretization import paired_advantage
+
+    t = pd.DataFrame(
+        [
+            {"depth": L, "scheme": s, "seed": seed, "test_cost": cost}
+            for L, s, seed, cost in [
+                (4, "equidistant", 0, 3.0),
+                (4, "equidistant", 1, 1.0),
+                (4, "adaptive", 0, 2.0),
+                (4, "adaptive", 1, 1.5),  # worse on seed 1, better on average
+                (8, "equidistant", 0, 2.0),
+                (8, "adaptive", 0, 2.5),
+                (8, "adaptive", 1, 0.1),  # no equidistant partner: left out
+            ]
+        ]
+    )
+    a = paired_advantage(t, ["adaptive"]).set_index("depth")
+    assert a.loc[4, "mean"] == pytest.approx(0.25) and a.loc[4, "min"] == pytest.approx(-0.5)
+    assert a.loc[8, "mean"] == pytest.approx(-0.5) and a.loc[8, "seeds"] == 1

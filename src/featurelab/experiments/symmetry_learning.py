@@ -235,12 +235,13 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 id=f"check1-bottleneck-layers@{uid}",
             ),
             claim(
-                f"{tag} check 5: GD paths in the learned 2-D bottleneck do not cross (pairs of crossing segments of "
-                f"different paths; the same paths in the true (|m|, r) plane: {res['true_path_crossings']})",
+                f"{tag} check 5: GD paths drawn in the learned 2-D bottleneck cross no more often than the same paths "
+                "in the true invariants (|m|, r) (pairs of properly crossing segments of different paths; GD is a "
+                "discrete map, so even its own polylines in (|m|, r) may cross)",
                 ref + " (Fig. 2: non-crossing paths)",
-                0,
+                f"<= {res['true_path_crossings']} (the (|m|, r) paths)",
                 res["path_crossings"],
-                res["path_crossings"] == 0,
+                res["path_crossings"] <= res["true_path_crossings"],
                 id=f"check5-paths-do-not-cross@{uid}",
             ),
             claim(
