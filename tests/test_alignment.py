@@ -190,7 +190,7 @@ def test_linear_tail_constants_match_the_junction_computation():
     mlp = MLP(4, 1, [5, 3, 3], 4, init="fan_in", linear_tail=3, dtype=D, seed=2)
     tail = mlp.weight_matrices()[1:]
     ours = linear_tail_bounds(linear_tail_constants(tail), tail)
-    ref = theorem2_bounds(theorem2_constants(mlp), mlp)
+    ref = theorem2_bounds(mlp, theorem2_constants(mlp))
     for k, (ratio, bound) in enumerate(ours, start=1):
         assert ratio == pytest.approx(ref[k][0], abs=1e-12) and bound == pytest.approx(ref[k][1], abs=1e-12)
 

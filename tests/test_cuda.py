@@ -136,7 +136,7 @@ def _signs(n, seed=1):
 def _flow_derivative(dev):
     net = _dense().to(dev)
     return fm.flow_derivative(
-        lambda get: fm.gram_difference(net, 0, get), net, *_on(dev, _x(6, 3), _signs(6)), "logistic"
+        net, *_on(dev, _x(6, 3), _signs(6)), lambda get: fm.gram_difference(net, 0, get), objective="logistic"
     )
 
 
@@ -237,7 +237,7 @@ CALLS = {
     "theorem31_bound": lambda d: fm.theorem31_bound(*_on(d, _x(6, 3), _x(6, 2, 1)), 0.5, 3),
     "adjacent_alignment": lambda d: fm.adjacent_alignment(_homogeneous().to(d)),
     "layer_ratios": lambda d: fm.layer_ratios(_homogeneous().to(d)),
-    "theorem2_bounds": lambda d: fm.theorem2_bounds(fm.theorem2_constants(_homogeneous().to(d)), _homogeneous().to(d)),
+    "theorem2_bounds": lambda d: fm.theorem2_bounds(_homogeneous().to(d), fm.theorem2_constants(_homogeneous().to(d))),
     "theorem2_constants": lambda d: fm.theorem2_constants(_homogeneous().to(d)),
     "Invariant": lambda d: [inv.value() for inv in fm.invariants(_homogeneous().to(d)).items],
     "InvariantSet": lambda d: len(fm.invariants(_homogeneous().to(d)).items),
@@ -247,7 +247,9 @@ CALLS = {
     "gram_difference": lambda d: fm.gram_difference(_dense().to(d), 0),
     "identity_block_controls": lambda d: [inv.value() for inv in fm.identity_block_controls(_homogeneous().to(d))],
     "invariants": lambda d: [inv.value() for inv in fm.invariants(_conv().to(d)).items],
-    "noninvariance_flow": lambda d: fm.noninvariance_flow(_dense().to(d), *_on(d, _x(6, 3), _signs(6)), "logistic", 0),
+    "noninvariance_flow": lambda d: fm.noninvariance_flow(
+        _dense().to(d), *_on(d, _x(6, 3), _signs(6)), 0, objective="logistic"
+    ),
     "enumerate_paths": lambda d: fm.enumerate_paths(_conv().to(d)).weight_products(),
     "path_enumeration": lambda d: fm.path_enumeration(_conv().to(d), _on(d, _x(5, 9))),
     "tree_network": lambda d: fm.tree_network(_conv().to(d))(fm.path_enumeration(_conv().to(d), _on(d, _x(5, 9)))),
