@@ -29,6 +29,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -211,7 +212,7 @@ def _pairs(net: nn.Module) -> list[tuple[nn.Module, nn.Module, bool]]:
 def _input_side(a: _Weight, b: _Weight) -> torch.Tensor | None:
     """b's weights as a matrix whose columns are a's output units (a Linear after a channel-major Flatten
     reads C·positions inputs: each unit owns `positions` columns), or None when the shapes do not chain."""
-    units, W = a.shape[0], b.module.weight.detach()
+    units, W = a.shape[0], cast(torch.Tensor, b.module.weight).detach()
     if W.shape[1] % units or (isinstance(b.module, nn.Conv1d | nn.Conv2d) and W.shape[1] != units):
         return None
     return W.reshape(W.shape[0], units, -1).permute(0, 2, 1).reshape(-1, units)
@@ -382,8 +383,8 @@ def analyze(
 
     # weight layers
     rows, spectra, balance = [], {}, {}
-    by_module = {w.module: w for w in weights if isinstance(w.module, WEIGHTED)}
-    pairs = {a: (b, h) for a, b, h in _pairs(net)}
+    by_module: dict[nn.Module, _Weight] = {w.module: w for w in weights if isinstance(w.module, WEIGHTED)}
+    pairs: dict[nn.Module | None, tuple[nn.Module, bool]] = {a: (b, h) for a, b, h in _pairs(net)}
     svd = {w.name: torch.linalg.svd(w.matrix, full_matrices=False) for w in weights}  # one SVD per matrix
     for w in weights:
         s = svd[w.name].S

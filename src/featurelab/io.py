@@ -16,6 +16,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -43,7 +44,7 @@ def write_text(path: str | Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
-def jsonable(value):
+def jsonable(value) -> Any:
     """Recursively convert numpy/torch scalars and non-finite floats into strict JSON values."""
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
@@ -82,7 +83,9 @@ def _text(path: Path, fix: str) -> str:
         raise FeaturelabError(f"'{path}' cannot be read ({type(exc).__name__}); {fix}") from None
 
 
-def read_json(path: str | Path, *, checksum: bool = False, kind: type | None = None, fix: str = "restore or delete it"):
+def read_json(
+    path: str | Path, *, checksum: bool = False, kind: type | None = None, fix: str = "restore or delete it"
+) -> Any:
     """The JSON content of `path`; a missing, unreadable or invalid file, content not of type `kind`, or
     (with `checksum`) a missing or wrong ``"sha256"`` is a one-line error naming the file and `fix`."""
     path = Path(path)

@@ -85,7 +85,7 @@ class Experiment(Generic[C]):
     run_unit: Callable[[C, dict, UnitContext], dict] | None = None
     build: Callable[[C, dict], TrainingUnit] | None = None
     finish: Callable[..., dict] | None = None
-    check: Callable[[ExperimentConfig], None] | None = None
+    check: Callable[[C], None] | None = None
     """Pre-flight checks beyond the config's field types, run before anything is written: data paths
     that must exist, memory estimates (`featurelab.runtime.check_memory`); each failure one line."""
 

@@ -52,7 +52,8 @@ def _inputs(x, model: torch.nn.Module) -> tuple[torch.Tensor, bool]:
             raise FeaturelabError("x contains NaN or inf; all entries must be finite")
     else:
         X = as_matrix("x", x[None] if single else x)
-        d_in = model.dims[0] if hasattr(model, "dims") else getattr(model, "d_in", X.shape[1])
+        dims = getattr(model, "dims", None)
+        d_in = dims[0] if dims is not None else getattr(model, "d_in", X.shape[1])
         if X.shape[1] != d_in:
             raise FeaturelabError(
                 f"x has {X.shape[1]} columns but the model takes d_in={d_in} inputs (rows are samples)"

@@ -20,7 +20,7 @@ def singular_values(M, k: int | None = None) -> torch.Tensor:
 
 
 def _zero(s: torch.Tensor) -> bool:
-    return not s.numel() or s[0] <= 0
+    return not s.numel() or bool(s[0] <= 0)
 
 
 def _stable(s: torch.Tensor) -> float:

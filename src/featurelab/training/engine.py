@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, cast, runtime_checkable
 
 import pandas as pd
 import torch
@@ -92,7 +93,7 @@ class Stackable(Protocol):
 # ------------------------------------------------------------------------------------ helpers
 def param_norm(model: nn.Module) -> torch.Tensor:
     """‖θ‖ over trainable parameters."""
-    return torch.sqrt(sum((p.detach() ** 2).sum() for p in model.parameters() if p.requires_grad))
+    return torch.sqrt(torch.stack([(p.detach() ** 2).sum() for p in model.parameters() if p.requires_grad]).sum())
 
 
 def trust_region(lr, max_step: float, theta_norm: torch.Tensor, grad_norm: torch.Tensor):
@@ -128,7 +129,7 @@ def evaluate(model: nn.Module, data: Dataset, config: TrainConfig) -> dict[str, 
     """One history row's metrics: loss = cost + penalty, errors, ‖θ‖, top singular values per layer."""
     out = model(data.X_train)
     cost = data_cost(config.objective, out, data.Y_train)
-    pen = model.penalty(config.lam) if config.lam > 0 else torch.zeros((), dtype=cost.dtype)
+    pen = cast(Trainable, model).penalty(config.lam) if config.lam > 0 else torch.zeros((), dtype=cost.dtype)
     row = {
         "loss": float(cost + pen),
         "cost": float(cost),
@@ -177,7 +178,7 @@ def _per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _member_norm(tensors) -> torch.Tensor:
     """(M,) float64: each member's ‖·‖ over the stacked ``M x ...`` `tensors` (`param_norm` per member)."""
-    return torch.sqrt(sum((t.detach() ** 2).flatten(1).sum(1) for t in tensors)).double()
+    return torch.sqrt(torch.stack([(t.detach() ** 2).flatten(1).sum(1) for t in tensors]).sum(0)).double()
 
 
 def _same_data(a: Dataset, b: Dataset) -> bool:
@@ -197,7 +198,7 @@ class _Objective(nn.Module):
             for k, v in zip(self.float_names, floats):
                 _set_path(self.model, k, v)
             cost = data_cost(self.objective, self.model(X), Y)
-            pen = self.model.penalty(lam) if lam is not None else torch.zeros_like(cost)
+            pen = cast(Trainable, self.model).penalty(lam) if lam is not None else torch.zeros_like(cost)
             return cost, pen
         finally:
             for k, v in saved.items():
@@ -210,7 +211,7 @@ class _Stack:
     `params` are ``1 x ...`` views of them. Several: the leaves are the stacks, each member's module
     holds views into them (and into the stacked buffers)."""
 
-    def __init__(self, models: list[nn.Module]):
+    def __init__(self, models: Sequence[nn.Module]):
         self.models = models
         self.build()
 
@@ -335,7 +336,7 @@ def _restore_state(phase: Phase, stack: _Stack, state: dict, i: int, tensors: di
 
 # --------------------------------------------------------------------------------------- run
 def run(
-    models: list[nn.Module],
+    models: Sequence[nn.Module],
     datas: list[Dataset],
     cfgs: list[TrainConfig],
     *,
@@ -367,13 +368,13 @@ def run(
     ckpts = [load_checkpoint(d) if (resume and d is not None) else None for d in dirs]
     for m in models:
         m.to(dev)
-    for i, (m, ck) in enumerate(zip(models, ckpts)):
-        if ck is None:
+    for i, (m, ck, d) in enumerate(zip(models, ckpts, dirs)):
+        if ck is None or d is None:  # a checkpoint is only read from a run folder
             continue
         tensors, info = ck
         if info.get("config") != digest(cfgs[i].model_dump(mode="json")):
             raise FeaturelabError(
-                f"'{Path(dirs[i]) / 'checkpoint.safetensors'}' was written by a training run with another config; "
+                f"'{Path(d) / 'checkpoint.safetensors'}' was written by a training run with another config; "
                 "delete it to train this one afresh"
             )
         if info.get("dtype") and next(m.parameters()).dtype != getattr(torch, info["dtype"]):
@@ -417,7 +418,7 @@ def run(
         if M == 1:
             m = models[0]
             cost = data_cost(cfg0.objective, m(X), Y)
-            pen = m.penalty(cfg0.lam) if use_penalty else torch.zeros_like(cost)
+            pen = cast(Trainable, m).penalty(cfg0.lam) if use_penalty else torch.zeros_like(cost)
             return cost[None], pen[None]
         per_member_data = (idx is not None and idx.dim() == 2) or not shared_data
         state = {f"model.{k}": v for k, v in {**stack.leaves, **stack.buffers}.items()}
@@ -454,8 +455,8 @@ def run(
                 )
 
     def checkpoint(step, finished, phase, opt_state, lbfgs=None):
-        for i, m in enumerate(models):
-            if dirs[i] is None or errors[i] is not None:
+        for i, (m, d) in enumerate(zip(models, dirs)):
+            if d is None or errors[i] is not None:
                 continue
             opt = lbfgs
             if phase is not None and lbfgs is None:
@@ -470,7 +471,7 @@ def run(
                 "rho_history": m.rho_history if isinstance(m, AdaptiveSteps) else [],
                 "config": digest(cfgs[i].model_dump(mode="json")),
             }
-            save_checkpoint(dirs[i], m, opt, info)
+            save_checkpoint(d, m, opt, info)
 
     def schedule(phase, k, lr0, lr_min):
         """Per-member lr of step k of `phase`, before the guard's scaling."""
@@ -498,7 +499,10 @@ def run(
             return None
         if shared_batches:  # one for all: (B,)
             return _batches(n, phase.batch_size, cfg0.seed, step, dev, phase.drop_last)
-        return torch.stack([_batches(n, phase.batch_size, c.seed, step, dev, phase.drop_last) for c in cfgs])
+        # batch_size < n here, so no member's indices are None
+        return torch.stack(
+            [cast(torch.Tensor, _batches(n, phase.batch_size, c.seed, step, dev, phase.drop_last)) for c in cfgs]
+        )
 
     total = sum(p.steps for p in cfg0.phases)
     ds, X, Y = data_on(stack.dtype)
@@ -523,7 +527,7 @@ def run(
                 stack.build()
                 ds, X, Y = data_on(stack.dtype)
             lr0, lr_min = member_rates(phase_idx)
-            opt_state = {"count": torch.zeros(M, dtype=torch.int64, device=dev)}  # steps since (re)start
+            opt_state: dict = {"count": torch.zeros(M, dtype=torch.int64, device=dev)}  # steps since (re)start
             lbfgs = None
             if phase.optimizer == "lbfgs":
                 lbfgs = _lbfgs(phase, stack)
@@ -538,7 +542,7 @@ def run(
                 """Forward, backward, trust region and update; returns (lr (M,), loss (M,))."""
                 lr = schedule(phase, k, lr0, lr_min) * lr_scale
                 stack.zero_grad()
-                loss = sum(losses(X, Y, idx))
+                loss = torch.add(*losses(X, Y, idx))
                 loss.sum().backward()
                 with torch.no_grad():
                     if phase.max_step is not None:  # trust region ‖Δθ_i‖ <= max_step·‖θ_i‖, per member
@@ -551,7 +555,8 @@ def run(
             reason = capture.eager_reason(dev, phase, on_step=has_on_step, lr_rule=lr_rule is not None)
             if dev.type == "cuda" and reason is not None:
                 capture.announce(reason)
-            graph, static = None, None
+            graph = None
+            static: dict[str, torch.Tensor | None] | None = None
             if reason is None:  # the step's changing inputs, refilled in place before each replay
                 static = {"k": torch.full((), float(k0), dtype=torch.float64, device=dev), "lr": lr0.clone()}
                 first = batch_indices(phase, offset + k0, X.shape[-2])
@@ -566,7 +571,7 @@ def run(
             for k in range(k0, phase.steps):
                 step = offset + k
                 if static is not None and static["idx"] is not None:
-                    static["idx"].copy_(batch_indices(phase, step, X.shape[-2]))
+                    static["idx"].copy_(cast(torch.Tensor, batch_indices(phase, step, X.shape[-2])))  # a batched phase
                 if static is not None and graph is None and k - k0 >= capture.WARMUP_STEPS:
                     try:
                         graph = capture.capture(body)
@@ -583,7 +588,7 @@ def run(
                     idx = batch_indices(phase, step, X.shape[-2])
                     if phase.guard_window and snapshot is None:
                         with torch.no_grad():
-                            snapshot = (sum(losses(X, Y, idx)), {n: p.clone() for n, p in stack.params.items()})
+                            snapshot = (torch.add(*losses(X, Y, idx)), {n: p.clone() for n, p in stack.params.items()})
                     if lbfgs is not None:
                         lr = schedule(phase, k, lr0, lr_min) * lr_scale
                         for g in lbfgs.param_groups:
@@ -593,7 +598,7 @@ def run(
                         lr, loss = step_(k, idx)
                 if phase.guard_window and (k + 1) % phase.guard_window == 0:  # per member (Part 1 §5.2)
                     with torch.no_grad():
-                        cur = sum(losses(X, Y, idx))
+                        cur = torch.add(*losses(X, Y, idx))
                         bad = ~(cur <= snapshot[0])  # the loss rose over the window (or is NaN)
                         for n, p in stack.params.items():
                             mask = bad.reshape(-1, *([1] * (p.dim() - 1)))
@@ -616,7 +621,7 @@ def run(
                     and k + 1 < phase.adapt_stop * phase.steps
                 ):
                     for i, m in enumerate(models):
-                        m.adapt_steps(ds[i].X_train)
+                        cast(AdaptiveSteps, m).adapt_steps(ds[i].X_train)
                 bar.update(1)
                 if (step + 1) % cfg0.log_every == 0 or step + 1 == total:
                     log(step + 1, phase_idx, lr.cpu(), ds)  # the only host-device synchronisation
@@ -631,8 +636,9 @@ def run(
     seconds = time.perf_counter() - t0
     out: list[TrainResult | FeaturelabError] = []
     for i, m in enumerate(models):
-        if errors[i] is not None:
-            out.append(errors[i])
+        err = errors[i]
+        if err is not None:
+            out.append(err)
             continue
         history = pd.DataFrame(rows[i])
         if dirs[i] is not None:

@@ -18,6 +18,7 @@ resumed one-by-one by `train(..., resume=True)`. docs/theory/conventions.md (tra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -89,12 +90,12 @@ def _as_list(value, n: int, name: str) -> list:
 
 
 def train_ensemble(
-    models: list[nn.Module],
+    models: Sequence[nn.Module],
     data: Dataset | list[Dataset],
     configs: TrainConfig | list[TrainConfig],
     *,
     device: str = "cpu",
-    run_dirs: list[str | Path | None] | None = None,
+    run_dirs: Sequence[str | Path | None] | None = None,
     callbacks=None,
     progress: bool | None = None,
 ) -> list[TrainResult | FeaturelabError]:

@@ -38,16 +38,16 @@ class Phase(Validated):
     steps: int = Field(ge=0)
     lr: float = Field(gt=0)
     schedule: Literal["constant", "cosine", "inverse_norm"] = "constant"
-    lr_min: float = Field(0.0, ge=0)
+    lr_min: float = Field(default=0.0, ge=0)
     norm_power: float | None = None
-    batch_size: int | None = Field(None, ge=1)
+    batch_size: int | None = Field(default=None, ge=1)
     drop_last: bool = True
-    momentum: float = Field(0.0, ge=0, lt=1)
-    guard_window: int = Field(0, ge=0)
-    adapt_every: int = Field(0, ge=0)
-    adapt_stop: float = Field(0.9, gt=0, le=1)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    guard_window: int = Field(default=0, ge=0)
+    adapt_every: int = Field(default=0, ge=0)
+    adapt_stop: float = Field(default=0.9, gt=0, le=1)
     dtype: Literal["float32", "float64"] | None = None
-    max_step: float | None = Field(None, gt=0)
+    max_step: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check(self):
@@ -70,11 +70,11 @@ class TrainConfig(Validated):
     """
 
     objective: Literal["mse", "cross_entropy", "logistic"] = "mse"
-    lam: float = Field(0.0, ge=0)
+    lam: float = Field(default=0.0, ge=0)
     phases: list[Phase]
-    log_every: int = Field(100, ge=1)
-    checkpoint_every: int = Field(0, ge=0)
-    top_singular_values: int = Field(3, ge=0)
+    log_every: int = Field(default=100, ge=1)
+    checkpoint_every: int = Field(default=0, ge=0)
+    top_singular_values: int = Field(default=3, ge=0)
     seed: int = 0
 
 
