@@ -115,25 +115,8 @@ MNIST_PRESETS = {
         "claim_min_steps": 20000,
         "second_level": [0.3, 2.25],
     },
-    "depth4": {
-        "dataset": "mnist",
-        "depth": 4,
-        "distinct_plateaus": False,
-        "width": 1000,
-        "init_std": 1e-3,
-        "batch_size": 32,
-        "steps": 1_875_000,
-        "lr_c": 10.0,
-        "lr_min": 0.0,
-        "max_step": None,
-        "log_every": 500,
-        "checkpoint_every": 25000,
-        "seeds": 1,
-        "plateau_min_steps": 3750,
-        "claim_min_steps": 20000,
-        "second_level": [0.3, 2.25],
-    },
 }
+MNIST_PRESETS["depth4"] = {**MNIST_PRESETS["paper"], "depth": 4, "distinct_plateaus": False}
 
 
 class SaddleLog:
