@@ -47,12 +47,10 @@ def bn_rank_two_task(
     g, h = _shallow_relu(trng, d, hidden), _shallow_relu(trng, d, hidden)
     z = np.random.default_rng(data_seed).normal(size=(n_train + n_test, 2))
     X, Y = _unit_mean_sq(g(z)), _unit_mean_sq(h(z))
-    return Dataset(
-        _tensor(X[:n_train]),
-        _tensor(Y[:n_train]),
-        _tensor(X[n_train:]),
-        _tensor(Y[n_train:]),
-        None,
+    return Dataset.split(
+        X,
+        Y,
+        n_train,
         {
             "name": "bn_rank_two_task",
             "d": d,
@@ -154,12 +152,10 @@ def symmetry_task(
     Y = C[:, 1:].numpy()
     scale = float(Y.std())
     Y = Y / scale
-    return Dataset(
-        _tensor(X[:n_train]),
-        _tensor(Y[:n_train]),
-        _tensor(X[n_train:]),
-        _tensor(Y[n_train:]),
-        None,
+    return Dataset.split(
+        X,
+        Y,
+        n_train,
         {
             "name": "symmetry_task",
             "d": d,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 
@@ -22,6 +23,13 @@ class Dataset:
     Y_test: torch.Tensor
     n_classes: int | None = None
     meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def split(cls, X, Y, n_train: int, meta: dict) -> Dataset:
+        """A regression `Dataset` from numpy arrays whose first `n_train` rows are the training set and the
+        rest the test set (rows are samples; float64 as given)."""
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
+        return cls(t(X[:n_train]), t(Y[:n_train]), t(X[n_train:]), t(Y[n_train:]), None, meta)
 
     @property
     def d_in(self) -> int:

@@ -8,7 +8,6 @@ trainer's ``objective="logistic"`` (or "mse", the squared loss).
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..checks import int_at_least, non_negative
 from .dataset import Dataset
@@ -29,11 +28,9 @@ def separable(n_train: int = 200, n_test: int = 200, d: int = 10, margin: float 
         X = np.concatenate([X, x[np.abs(x @ w) > margin]])
     X = X[: n_train + n_test]
     Y = np.sign(X @ w)[:, None]
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
-    return Dataset(
-        t(X[:n_train]),
-        t(Y[:n_train]),
-        t(X[n_train:]),
-        t(Y[n_train:]),
-        meta={"kind": "separable", "d": d, "margin": margin, "seed": seed, "w_star": w.tolist()},
+    return Dataset.split(
+        X,
+        Y,
+        n_train,
+        {"kind": "separable", "d": d, "margin": margin, "seed": seed, "w_star": w.tolist()},
     )

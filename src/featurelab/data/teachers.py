@@ -14,7 +14,6 @@ have separate seeds.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..checks import int_at_least, one_of
 from ..errors import FeaturelabError
@@ -64,13 +63,10 @@ def bottleneck_teacher(
         Y = g(Y)
     X = (X - X.mean(0)) / X.std(0)
     Y = (Y - Y.mean(0)) / np.maximum(Y.std(0), 1e-12)
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
-    return Dataset(
-        t(X[:n_train]),
-        t(Y[:n_train]),
-        t(X[n_train:]),
-        t(Y[n_train:]),
-        None,
+    return Dataset.split(
+        X,
+        Y,
+        n_train,
         {
             "name": "bottleneck_teacher",
             "dims": list(dims),
