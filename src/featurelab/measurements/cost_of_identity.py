@@ -25,6 +25,7 @@ import torch
 from ..checks import as_matrix, non_negative, nonempty, one_of
 from ..errors import FeaturelabError
 from ..results import Result
+from .ranks import min_norm_lstsq
 
 GAMMA_MODES = ("relative", "absolute")
 METHODS = ("auto", "cholesky", "woodbury")
@@ -66,7 +67,7 @@ class KernelMetric(Result):
             U, s = self.factor
             C = U.T @ M
             return torch.cat([C / torch.sqrt(s**2 + self.gamma)[:, None], (M - U @ C) / self.gamma**0.5])
-        return torch.linalg.lstsq(self.S, M, rcond=RCOND, driver="gelsd").solution
+        return min_norm_lstsq(self.S, M, RCOND)
 
     def sq_norm(self, M: torch.Tensor) -> float:
         """``‖M‖²_(K+γI) = Tr[Mᵀ (K+γI)⁻¹ M]`` (pseudo-inverse when γ = 0)."""

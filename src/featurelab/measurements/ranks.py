@@ -19,6 +19,23 @@ def singular_values(M, k: int | None = None) -> torch.Tensor:
     return s if k is None else s[:k]
 
 
+def min_norm_lstsq(A: torch.Tensor, B: torch.Tensor, rcond: float) -> torch.Tensor:
+    """The minimum-norm least-squares solution X of ``A X ≈ B`` (A: ``n x m``, B: ``n x k``; X: ``m x k``),
+    singular values below ``rcond · s_max`` treated as zero: LAPACK's gelsd on the CPU; on other devices,
+    whose ``lstsq`` has no rank-revealing driver, the same solution from a thin SVD of A
+    (``X = V diag(1/s) Uᵀ B`` over the kept singular values)."""
+    if A.device.type == "cpu":
+        return torch.linalg.lstsq(A, B, rcond=rcond, driver="gelsd").solution
+    return svd_lstsq(A, B, rcond)
+
+
+def svd_lstsq(A: torch.Tensor, B: torch.Tensor, rcond: float) -> torch.Tensor:
+    """`min_norm_lstsq` through a thin SVD of A, on any device."""
+    U, s, Vh = torch.linalg.svd(A, full_matrices=False)
+    keep = s > rcond * s[0] if s.numel() else s > 0
+    return Vh[keep].mT @ ((U[:, keep].mT @ B) / s[keep, None])
+
+
 def _zero(s: torch.Tensor) -> bool:
     return not s.numel() or bool(s[0] <= 0)
 

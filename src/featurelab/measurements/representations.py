@@ -25,6 +25,7 @@ from ..models.convert import as_mlp
 from ..models.mlp import MLP, mlp_with_weights
 from ..results import Result
 from ..training.objectives import data_cost
+from .ranks import min_norm_lstsq
 
 RTOL = 1e-10
 
@@ -35,7 +36,8 @@ def check_inputs(model, X, Y: None = None, homogeneous: bool = False) -> tuple[t
 @overload
 def check_inputs(model, X, Y, homogeneous: bool = False) -> tuple[torch.Tensor, torch.Tensor]: ...
 def check_inputs(model, X, Y=None, homogeneous: bool = False):
-    """Validate an `MLP` and its data; return ``(X, Y)`` as float64 (Y: int labels kept as int64).
+    """Validate an `MLP` and its data; return ``(X, Y)`` as float64 on the model's device (Y: int labels kept
+    as int64).
 
     X: ``N x d_in``. Y: ``N x d_out`` floats or ``N`` integer labels (any integer dtype). `homogeneous` demands a
     positively 1-homogeneous activation (the covariance tools of Part 3 §3 and §5 need it).
@@ -47,7 +49,8 @@ def check_inputs(model, X, Y=None, homogeneous: bool = False):
             f"activation={model.activation!r} is not allowed here: covariance pairs, merging and "
             "Carathéodory reduction need a positively homogeneous activation (leaky_relu)"
         )
-    X = as_matrix("X", X.detach() if isinstance(X, torch.Tensor) else X).cpu()
+    device = model.weights[0].device  # computations follow the model's device
+    X = as_matrix("X", X.detach() if isinstance(X, torch.Tensor) else X).to(device)
     if X.shape[1] != model.dims[0]:
         raise FeaturelabError(f"X has {X.shape[1]} columns but the model expects d_in={model.dims[0]}")
     for l, W in enumerate(model.weights, start=1):
@@ -56,11 +59,11 @@ def check_inputs(model, X, Y=None, homogeneous: bool = False):
     if Y is None:
         return X, None
     if isinstance(Y, torch.Tensor) and not (Y.is_floating_point() or Y.is_complex() or Y.dtype == torch.bool):
-        Y = Y.detach().cpu().long().reshape(-1)
+        Y = Y.detach().to(device).long().reshape(-1)
         if Y.numel() and (Y.min() < 0 or Y.max() >= model.dims[-1]):
             raise FeaturelabError(f"Y has labels outside [0, d_out={model.dims[-1]})")
     else:
-        Y = as_matrix("Y", Y.detach() if isinstance(Y, torch.Tensor) else Y).cpu()
+        Y = as_matrix("Y", Y.detach() if isinstance(Y, torch.Tensor) else Y).to(device)
         if Y.shape[1] != model.dims[-1]:
             raise FeaturelabError(f"Y has {Y.shape[1]} columns but the model has d_out={model.dims[-1]}")
     same_rows("X", X, "Y", Y)
@@ -90,7 +93,7 @@ class Layers(NamedTuple):
 
 def layers(model: MLP, X: torch.Tensor, weights: list[torch.Tensor] | None = None) -> Layers:
     """Float64 forward pass of `model` (or of the same architecture with `weights`) on X (``N x d_in``)."""
-    W = [w.detach().to(torch.float64).cpu() for w in (model.weights if weights is None else weights)]
+    W = [w.detach().to(dtype=torch.float64, device=X.device) for w in (model.weights if weights is None else weights)]
     a, pre, inputs = X, [], []
     for l, Wl in enumerate(W, start=1):
         A = model.with_bias(a)
@@ -163,7 +166,7 @@ def representation_loss(
             norms.append(float(((W @ Q) ** 2).sum()))
         else:
             K, Ks = Z @ Z.T, A @ A.T
-            sol = torch.linalg.lstsq(Ks, K, rcond=rtol, driver="gelsd").solution
+            sol = min_norm_lstsq(Ks, K, rtol)
             norms.append(float(torch.trace(sol)))
     cost = float(data_cost(default_objective(Y, objective), lay.pre[-1], Y))
     return RepresentationLoss(cost + lam * sum(norms), cost, norms, weights, ranks, conds)
@@ -347,7 +350,7 @@ def weights_from_representations(
     a, weights, violations = X, [], []
     for l, Z in enumerate(Zs, start=1):
         A = model.with_bias(a)
-        Wt = torch.linalg.lstsq(A, Z, rcond=rtol, driver="gelsd").solution
+        Wt = min_norm_lstsq(A, Z, rtol)
         weights.append(Wt.T.contiguous())
         violations.append(float((Z - A @ Wt).norm() / Z.norm().clamp_min(1e-300)))
         if l < len(Zs):

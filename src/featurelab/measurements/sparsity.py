@@ -18,6 +18,7 @@ from ..checks import int_at_least, nonempty, positive, renamed
 from ..errors import FeaturelabError
 from ..models.convert import as_mlp
 from ..models.mlp import MLP, mlp_with_weights
+from .ranks import min_norm_lstsq
 from .representations import RTOL, check_inputs, layers, row_basis
 
 NULL_RTOL = 1e-10
@@ -231,7 +232,7 @@ def caratheodory_reduce(model: MLP, X, *, rtol: float = NULL_RTOL) -> tuple[MLP,
         W_in = (W[l - 1][alive[keep]] @ Q @ Q.T) * a[keep].sqrt()[:, None]
         Zr = A_prev @ W_in.T
         Ar = model.with_bias(model.sigma(Zr, l))
-        W_next = torch.linalg.lstsq(Ar, Z_next, rcond=RTOL, driver="gelsd").solution.T
+        W_next = min_norm_lstsq(Ar, Z_next, RTOL).T
         n_keep = W_in.shape[0]
         if n_keep:
             W = list(W)
@@ -314,7 +315,7 @@ def pad_width(model: MLP, extra: int) -> MLP:
     """Append `extra` zero neurons to every hidden layer (Part 3 Prop. 6: wider nets can only do better);
     the zero neurons are dead, so outputs and ‖θ‖² are unchanged. Returns a float64 `MLP`."""
     int_at_least("extra", extra, 0)
-    W = [w.detach().to(torch.float64).cpu() for w in model.weights]
+    W = [w.detach().to(torch.float64) for w in model.weights]
     for l in range(1, model.depth):
         n_prev = W[l - 1].shape[1]
         W[l - 1] = torch.cat([W[l - 1], W[l - 1].new_zeros(extra, n_prev)])

@@ -184,7 +184,8 @@ class MLP(nn.Module):
 
 def mlp_with_weights(model: MLP, weights: list[torch.Tensor]) -> MLP:
     """A float64 `MLP` with `model`'s architecture (σ, β, linear tail) and the given weights (stored layout,
-    ``n_l x (n_{l-1}+1)`` with bias column when β > 0); hidden widths are read off the weights."""
+    ``n_l x (n_{l-1}+1)`` with bias column when β > 0), on the weights' device; hidden widths are read off
+    the weights."""
     widths = [int(W.shape[0]) for W in weights[:-1]]
     new = MLP(
         model.dims[0],
@@ -197,6 +198,7 @@ def mlp_with_weights(model: MLP, weights: list[torch.Tensor]) -> MLP:
         activation=model.activation,
         dtype=torch.float64,
     )
+    new.to(weights[0].device)
     with torch.no_grad():
         for p, W in zip(new.weights, weights):
             p.copy_(W)
