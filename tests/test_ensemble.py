@@ -209,12 +209,54 @@ def test_guard_restores_and_halves_per_member():
     compare(make, configs, [DATA] * 3, 1e-10)
 
 
+def replay_captured_steps(monkeypatch):
+    """Make the engine take its CUDA-graph path on the CPU: the recorded step body is called at each replay."""
+    from featurelab.training import capture
+
+    class Replay:
+        def __init__(self, body):
+            self.body = body
+
+        def replay(self):
+            self.body()
+
+    monkeypatch.setattr(capture, "eager_reason", lambda *a, **k: None)
+    monkeypatch.setattr(capture, "warmup", lambda body: body())
+    monkeypatch.setattr(capture, "capture", Replay)
+
+
+def test_the_captured_path_keeps_the_guard_and_adaptive_steps(monkeypatch):
+    """Between replays the loss guard rolls members back (halving their lr, restarting their optimizer) and
+    the Leaky ResNets adapt their steps; the graph path gives the eager run, per member."""
+    configs = [
+        TrainConfig(
+            lam=1e-3,
+            log_every=5,
+            phases=[
+                Phase(optimizer="adam", steps=30, lr=lr / 5, adapt_every=5, guard_window=5),
+                Phase(optimizer="sgd", steps=30, lr=lr, momentum=0.9, guard_window=5),
+            ],
+        )
+        for lr in (0.01, 0.3, 1.0)
+    ]
+    make = lambda i: LeakyResNet(5, 5, 6, 4, 1.5, steps="adaptive", seed=i, dtype=torch.float64)
+    eager = [make(i) for i in range(3)]
+    eager_hist = [r.history for r in train_ensemble(eager, DATA, configs)]
+    replay_captured_steps(monkeypatch)
+    replayed = [make(i) for i in range(3)]
+    hist = [r.history for r in train_ensemble(replayed, DATA, configs)]
+    assert max_difference(replayed, eager) < 1e-12
+    cols = ["loss", "lr"]
+    assert all(float((h[cols] - e[cols]).abs().max().max()) < 1e-12 for h, e in zip(hist, eager_hist))
+    halved = [bool((h.loc[h["phase"] == 1, "lr"] < c.phases[1].lr).any()) for h, c in zip(hist, configs)]
+    assert halved == [False, False, True]  # a rollback happened between replays
+    assert all(m.rho_history for m in replayed)  # the steps did adapt
+
+
 def test_the_captured_step_body_replays_the_eager_run(monkeypatch):
     """The CUDA-graph path's step (static step counter, refilled mini-batch indices, in-place optimizer
     state, lr written to a static tensor) replayed as plain calls gives the eager run: cosine Adam with
     mini-batches, then SGD with momentum and the trust region, per member."""
-    from featurelab.training import capture
-
     configs = [
         TrainConfig(
             lam=lam,
@@ -232,16 +274,7 @@ def test_the_captured_step_body_replays_the_eager_run(monkeypatch):
     eager = [make(i) for i in range(2)]
     eager_hist = [r.history for r in train_ensemble(eager, DATA, configs)]
 
-    class Replay:
-        def __init__(self, body):
-            self.body = body
-
-        def replay(self):
-            self.body()
-
-    monkeypatch.setattr(capture, "eager_reason", lambda *a, **k: None)
-    monkeypatch.setattr(capture, "warmup", lambda body: body())
-    monkeypatch.setattr(capture, "capture", Replay)
+    replay_captured_steps(monkeypatch)
     replayed = [make(i) for i in range(2)]
     hist = [r.history for r in train_ensemble(replayed, DATA, configs)]
     assert max_difference(replayed, eager) < 1e-12

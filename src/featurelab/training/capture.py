@@ -3,12 +3,14 @@ update) recorded once as a CUDA graph (`torch.cuda.graph`) and replayed every la
 costs one launch and the host never waits for the device between log steps.
 
 Only taken on CUDA, for phases whose step is the same kernels every time: no L-BFGS (its line search
-branches on the host), no loss guard (its rollback branches per window), no adaptive steps (ρ is
-recomputed on the host), no ``on_step`` callbacks and no ``lr_rule``. Everything else runs eagerly;
-the engine says so once per reason. The step's inputs that change between replays live in static
-device tensors the engine refills before each replay (the step index for the schedule, the
-mini-batch indices); the optimizer state is updated in place (`engine._update`), so the graph reads
-and writes the same memory every replay. docs/scale.md says what of this is verified where.
+branches on the host), no ``on_step`` callbacks and no ``lr_rule``. Those phases run eagerly; the
+engine says so once per reason. The step's inputs that change between replays live in static device
+tensors the engine refills before each replay (the step index for the schedule, the mini-batch
+indices); the optimizer state is updated in place (`engine._update`), so the graph reads and writes the
+same memory every replay. Work between replays writes in place into the memory the graph reads: the
+loss guard's rollback (parameters, per-member lr scale, optimizer restart counts; the graph always
+carries the restart masks) and the adaptive Leaky-ResNet steps (the ρ buffer). docs/scale.md says what
+of this is verified where.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ def eager_reason(device: torch.device, phase, *, on_step: bool, lr_rule: bool) -
         return "not on CUDA"
     for reason, applies in (
         ("an L-BFGS phase (host-side line search)", phase.optimizer == "lbfgs"),
-        ("the loss guard (rollback decided per window)", bool(phase.guard_window)),
-        ("adaptive Leaky-ResNet steps (updated on the host)", bool(phase.adapt_every)),
         ("an on_step callback", on_step),
         ("an lr_rule", lr_rule),
     ):

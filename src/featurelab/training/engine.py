@@ -555,12 +555,11 @@ def run(
             reason = capture.eager_reason(dev, phase, on_step=has_on_step, lr_rule=lr_rule is not None)
             if dev.type == "cuda" and reason is not None:
                 capture.announce(reason)
-            graph = None
+            graphs: dict = {}  # mini-batch shape (None: full batch) -> [graph or None, static indices, warm-up steps]
             static: dict[str, torch.Tensor | None] | None = None
             if reason is None:  # the step's changing inputs, refilled in place before each replay
-                static = {"k": torch.full((), float(k0), dtype=torch.float64, device=dev), "lr": lr0.clone()}
-                first = batch_indices(phase, offset + k0, X.shape[-2])
-                static["idx"] = first.clone() if first is not None else None
+                k_dev = torch.full((), float(k0), dtype=torch.float64, device=dev)
+                static = {"k": k_dev, "lr": lr0.clone(), "idx": None}
 
                 def body():
                     lr, _ = step_(static["k"], static["idx"])
@@ -570,25 +569,32 @@ def run(
 
             for k in range(k0, phase.steps):
                 step = offset + k
-                if static is not None and static["idx"] is not None:
-                    static["idx"].copy_(cast(torch.Tensor, batch_indices(phase, step, X.shape[-2])))  # a batched phase
-                if static is not None and graph is None and k - k0 >= capture.WARMUP_STEPS:
+                idx = batch_indices(phase, step, X.shape[-2])
+                entry = None
+                if static is not None:  # one graph per batch shape (an epoch's last batch may be smaller)
+                    key = None if idx is None else tuple(idx.shape)
+                    entry = graphs.setdefault(key, [None, None if idx is None else idx.clone(), 0])
+                    if idx is not None:
+                        entry[1].copy_(idx)
+                    static["idx"] = idx = entry[1]
+                if phase.guard_window and snapshot is None:
+                    with torch.no_grad():
+                        snapshot = (torch.add(*losses(X, Y, idx)), {n: p.clone() for n, p in stack.params.items()})
+                if entry is not None and entry[0] is None and entry[2] >= capture.WARMUP_STEPS:
+                    opt_state["fresh"] = True  # record the per-member restart masks: the guard may need them later
                     try:
-                        graph = capture.capture(body)
+                        entry[0] = capture.capture(body)
                     except RuntimeError as exc:  # the phase goes on eagerly
                         capture.announce(f"a failed capture ({str(exc).splitlines()[0] if str(exc) else exc!r})")
-                        static = None
-                if static is not None:
-                    if graph is not None:
-                        graph.replay()
+                        static = entry = None
+                if entry is not None and static is not None:
+                    if entry[0] is not None:
+                        entry[0].replay()
                     else:
                         capture.warmup(body)
+                        entry[2] += 1
                     lr, loss = static["lr"], None
                 else:
-                    idx = batch_indices(phase, step, X.shape[-2])
-                    if phase.guard_window and snapshot is None:
-                        with torch.no_grad():
-                            snapshot = (torch.add(*losses(X, Y, idx)), {n: p.clone() for n, p in stack.params.items()})
                     if lbfgs is not None:
                         lr = schedule(phase, k, lr0, lr_min) * lr_scale
                         for g in lbfgs.param_groups:
@@ -604,7 +610,7 @@ def run(
                             mask = bad.reshape(-1, *([1] * (p.dim() - 1)))
                             p.copy_(torch.where(mask, snapshot[1][n], p))
                             snapshot[1][n] = p.clone()
-                        lr_scale = torch.where(bad, lr_scale * 0.5, lr_scale)
+                        lr_scale.copy_(torch.where(bad, lr_scale * 0.5, lr_scale))  # in place: a graph reads it
                         opt_state["count"].masked_fill_(bad, 0)  # a fresh optimizer for them
                         opt_state["fresh"] = True
                         snapshot = (torch.where(bad, snapshot[0], cur), snapshot[1])
