@@ -23,6 +23,7 @@ bound ‖θ‖² >= L Σ s_i(Jf(x))^{2/L} holds at every training point.
 from __future__ import annotations
 
 import statistics
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -57,6 +58,7 @@ COLORS = dict(zip(CLASSES, ("tab:gray", "tab:orange", "tab:green", "tab:blue")))
 
 class Config(ExperimentConfig):
     d: int = Field(10, ge=2)
+    dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
     n_train: int = Field(200, ge=2)
     n_test: int = Field(200, ge=1)
     hidden: int = Field(100, ge=1)
@@ -109,7 +111,15 @@ def units(cfg: Config) -> list[dict]:
 
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg)
-    model = MLP(cfg.d, cfg.d, cfg.width, unit["depth"], bias=1.0, seed=1000 * cfg.seed + unit["init_seed"])
+    model = MLP(
+        cfg.d,
+        cfg.d,
+        cfg.width,
+        unit["depth"],
+        bias=1.0,
+        seed=1000 * cfg.seed + unit["init_seed"],
+        dtype=getattr(torch, cfg.dtype),
+    )
     config = TrainConfig(
         objective="mse",
         lam=unit["lam"],

@@ -15,6 +15,8 @@ quick: N = 6, λ = 1e-2, widths [4, 6, 8, 9, 12] x 2, Adam 3000 (ours). paper: N
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pandas as pd
 import torch
 from pydantic import Field, PositiveInt
@@ -39,6 +41,7 @@ from .width_plateau import adam_then_gd, shrink
 
 class Config(ExperimentConfig):
     construction_sizes: list[PositiveInt] = Field([4, 6, 8], min_length=1)
+    dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
     onehot_sizes: list[PositiveInt] = Field([3, 5, 2], min_length=1)
     N: int = Field(6, ge=2, le=200)
     lam: float = Field(1e-2, gt=0)
@@ -72,7 +75,15 @@ def units(cfg: Config) -> list[dict]:
 
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = bipartite(cfg.N).data
-    model = MLP(cfg.N, cfg.N, unit["width"], 2, bias=0.0, seed=cfg.seed + 1000 * unit["trial"] + unit["width"])
+    model = MLP(
+        cfg.N,
+        cfg.N,
+        unit["width"],
+        2,
+        bias=0.0,
+        seed=cfg.seed + 1000 * unit["trial"] + unit["width"],
+        dtype=getattr(torch, cfg.dtype),
+    )
     phases = adam_then_gd(cfg.adam_steps, cfg.adam_lr, cfg.gd_steps, cfg.gd_lr)
     return TrainingUnit(
         model,

@@ -34,6 +34,7 @@ from .width_plateau import adam_then_gd
 
 class Config(ExperimentConfig):
     dataset: Literal["digits", "mnist"] = "digits"
+    dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
     n_train: int = Field(1000, ge=10)
     mnist_path: str | None = None
     width: int = Field(64, ge=1)
@@ -64,7 +65,9 @@ def make_data(cfg: Config):
 
 
 def make_model(cfg: Config, data) -> MLP:
-    return MLP(data.d_in, data.d_out, cfg.width, cfg.depth, bias=cfg.bias, seed=cfg.seed + 1)
+    return MLP(
+        data.d_in, data.d_out, cfg.width, cfg.depth, bias=cfg.bias, seed=cfg.seed + 1, dtype=getattr(torch, cfg.dtype)
+    )
 
 
 def units(cfg: Config) -> list[dict]:

@@ -17,6 +17,8 @@ map > 0.5. Check 4 (GD paths follow a map Z_t ↦ Z_{t+1}, R² >= 0.9) is uncali
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import pandas as pd
 import torch
@@ -39,6 +41,7 @@ from .base import Analysis, Experiment, TrainingUnit
 
 class Config(ExperimentConfig):
     d: int = Field(10, ge=3)
+    dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
     T: int = Field(10, ge=1)
     eta: float = Field(0.05, gt=0)
     eps: float = Field(0.01, ge=0)
@@ -86,7 +89,7 @@ def units(cfg: Config) -> list[dict]:
 
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg)
-    model = MLP(cfg.d, cfg.T, cfg.width, unit["depth"], bias=1.0, seed=cfg.seed + 2)
+    model = MLP(cfg.d, cfg.T, cfg.width, unit["depth"], bias=1.0, seed=cfg.seed + 2, dtype=getattr(torch, cfg.dtype))
     config = TrainConfig(
         objective="mse",
         lam=unit["lam"],
