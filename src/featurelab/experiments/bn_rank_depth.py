@@ -159,7 +159,7 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
         "ntk_trace_per_layer": float(ntk_trace(m64, X[: cfg.ntk_points]).mean() / m64.depth),
         "train_seconds": result.seconds,
     }
-    if bn.k_mid >= 1:
+    if 1 <= bn.k_mid <= cfg.d:  # a bottleneck no wider than the Jacobian's rank can be (an untrained net has none)
         raw = representation_spectra(m64, X, centred=False)
         out["rep_tail"] = float(np.median([float(raw[l - 1][bn.k_mid]) for l in middle_layers(m64.depth)]))
         t3 = theorem3_check(m64, X, float("nan"), bn.k_mid, rtol=cfg.jacobian_tol)
@@ -180,7 +180,8 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
 def _fits(rows: pd.DataFrame) -> list[dict]:
     """Per (λ, class) of fitting minima with >= 2 distinct depths: the depth fit of Part 2 §3.5."""
     out = []
-    for (lam, k), grp in rows[rows.fits & (rows.k_mid >= 1)].groupby(["lam", "k_mid"]):
+    checked = rows.fits & (rows.k_mid >= 1) & ("max_two_log_pdet" in rows and rows["max_two_log_pdet"].notna())
+    for (lam, k), grp in rows[checked].groupby(["lam", "k_mid"]):
         if grp.depth.nunique() < 2:
             continue
         fit = estimate_representation_cost(grp.depth, grp.sq_norm, rank=int(k))
