@@ -41,7 +41,7 @@ test-slow: $(STAMP)
 
 # The CUDA checks run from the checkout with the machine's own torch (no venv, nothing downloaded).
 test-gpu:
-	PYTHONPATH=src python -m pytest -q -m cuda
+	PYTHONPATH=src $(PYTHON) -m pytest -q -m cuda
 
 bench: $(STAMP)
 	$(FL) bench

@@ -546,3 +546,17 @@ def test_unreachable_ray_cluster_is_one_line_before_anything_is_written(tmp_path
         tiny(tmp_path / "run", backend="ray", address=f"127.0.0.1:{port}")
     assert f"could not connect to the Ray cluster at 127.0.0.1:{port}" in one_line(exc)
     assert no_folder_left(tmp_path / "run")
+
+
+def test_an_unhealthy_unit_gates_only_the_claims_resting_on_it():
+    from featurelab.claims import claim
+    from featurelab.runs.runner import _claim_gate
+
+    everywhere = claim("rests on every unit", "ref", "> 0", 1.0, True, id="all")
+    digits = claim("rests on the digits units", "ref", "> 0", 1.0, True, id="d").rests_on(["digits-w4-t0"])
+    teacher = claim("rests on the teacher units", "ref", "> 0", 1.0, True, id="t").rests_on(["teacher-w1-t0"])
+    gated = {c.id: c for c in _claim_gate([everywhere, digits, teacher], {"teacher-w1-t0": "collapsed: x"})}
+    assert gated["all"].passed is None and gated["t"].passed is None
+    assert gated["t"].reason == "unit unhealthy: teacher-w1-t0: collapsed: x"
+    assert gated["d"].passed is True and gated["d"].reason == ""
+    assert gated["d"].to_dict()["units"] == ("digits-w4-t0",)

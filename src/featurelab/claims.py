@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .results import Check
 
@@ -18,6 +18,7 @@ class Claim:
     tolerance: the slack allowed ("" when the check is an inequality).
     passed: the verdict: True, False, or None when the claim was not measured (a unit it rests on failed
         or is unhealthy); `reason` then says why.
+    units: the ids of the units the claim rests on; None (the default) means every unit of the run.
     """
 
     statement: str
@@ -28,6 +29,7 @@ class Claim:
     passed: bool | None
     id: str = ""
     reason: str = ""
+    units: tuple[str, ...] | None = None
 
     @property
     def verdict(self) -> str:
@@ -35,9 +37,11 @@ class Claim:
 
     def not_measured(self, reason: str) -> Claim:
         """This claim with no verdict, because of `reason`."""
-        return Claim(
-            self.statement, self.reference, self.expected, self.measured, self.tolerance, None, self.id, reason
-        )
+        return replace(self, passed=None, reason=reason)
+
+    def rests_on(self, units) -> Claim:
+        """This claim, resting only on the units with these ids (an unhealthy other unit leaves it measured)."""
+        return replace(self, units=tuple(units))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -7,7 +7,7 @@ plateau, then escapes again. Each unit is one seed; every `log_every` steps the 
 (column ``rW{ℓ}``), the speed of θ_t on the √L-sphere with G = ∇C(0) of the full train set (column
 ``speed``) and the top-10 singular values of every layer (``sv{ℓ}_{i}``).
 
-saddle-digits quick (Part 4 §6 `digits_quick`, 3 seeds, ≈45 s per seed on one thread): scikit-learn
+saddle-digits quick (Part 4 §6 `digits_quick`, 2 seeds, ≈45 s per seed on one thread): scikit-learn
 digits (all 1797, standardized), 64→64×5→10, σ_0 = 0.01, batch 128, c = 20, floor 0.05;
 each epoch's last batch of 1797 mod 128 = 5 samples is kept, as torch's DataLoader does (see the docs);
 a relative trust region ‖Δθ‖ <= 0.25‖θ‖ (ours) cuts the rare runaway steps at the floor; 90k steps
@@ -81,7 +81,7 @@ class MnistConfig(Config):
 # Training runs in float32 (the reference ≈30 s per seed is float32 speed); diagnostics are float64. The
 # late phase at the lr floor is chaotic; see docs/saddle-to-saddle.md for the measured success rates.
 DIGITS_PRESETS = {
-    "quick": {"steps": 90000},
+    "quick": {"steps": 90000, "seeds": 2},  # one seed per worker on 2 cores: within 5 minutes
     "tiny": {"steps": 3000, "seeds": 1, "log_every": 100, "plateau_min_steps": 500, "claim_min_steps": 500},
     "paper": {"steps": 90000, "seeds": 5},
 }

@@ -290,6 +290,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for d in cfg.datasets:
         sub = rows[rows["dataset"] == d]
+        first_claim = len(claims)
         if sub.empty:
             notes.append(f"{d}: no finished runs")
             continue
@@ -406,6 +407,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 id=f"{d}-caratheodory-loss",
             )
         )
+        claims[first_claim:] = [c.rests_on(sub["id"]) for c in claims[first_claim:]]  # this dataset's units only
         axes[0].plot(widths, np.array(m) / m_inf, marker="o", label=d)
         axes[0].axvline(nstar["0.05"], ls=":", color=axes[0].lines[-1].get_color())
         axes[1].plot(widths, table["test_error"], marker="o", label=d)

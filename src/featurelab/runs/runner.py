@@ -9,8 +9,8 @@ writes the folder it holds the folder's lock (`featurelab.runs.lock.RunLock`). E
 decides is checked before the folder is touched.
 
 Health: a unit whose result is marked ``"unhealthy"`` (a diverged, collapsed or chance-level network,
-`featurelab.training.health`) leaves every claim "not measured"; a run with failed or unhealthy units
-says so (`RunRecord.problems`) and the CLI exits with status 1.
+`featurelab.training.health`) leaves every claim resting on it (`Claim.units`; by default all) "not
+measured"; a run with failed or unhealthy units says so (`RunRecord.problems`) and the CLI exits with status 1.
 """
 
 from __future__ import annotations
@@ -157,12 +157,17 @@ def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
 
 
 def _claim_gate(claims: list[Claim], unhealthy: dict[str, str]) -> list[Claim]:
-    """Every claim "not measured" while a unit is unhealthy (a claim cannot rest on a trivial solution)."""
-    if not unhealthy:
-        return claims
-    uid, why = next(iter(unhealthy.items()))
-    more = f" and {len(unhealthy) - 1} more" if len(unhealthy) > 1 else ""
-    return [c.not_measured(f"unit unhealthy: {uid}: {why}{more}") for c in claims]
+    """Each claim "not measured" while a unit it rests on (`Claim.units`; None: every unit) is unhealthy: a
+    claim cannot rest on a trivial solution."""
+    gated = []
+    for c in claims:
+        bad = {u: why for u, why in unhealthy.items() if c.units is None or u in c.units}
+        if bad:
+            uid, why = next(iter(bad.items()))
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            c = c.not_measured(f"unit unhealthy: {uid}: {why}{more}")
+        gated.append(c)
+    return gated
 
 
 def _finished_record(run: Path) -> RunRecord:
