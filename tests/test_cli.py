@@ -43,6 +43,7 @@ def test_run_folder_is_complete(tiny_run):
         "passed",
         "id",
         "reason",
+        "units",
     }
     assert all(c["id"] for c in claims) and len({c["id"] for c in claims}) == len(claims)
     assert isinstance(claims[0]["passed"], bool)
