@@ -341,26 +341,15 @@ def test_smallest_preset_on_cuda_equals_cpu(name, tmp_path):
 def test_captured_training_equals_eager_on_cuda(monkeypatch):
     """The CUDA-graph path (loss guard rolling members back and adaptive Leaky-ResNet steps between
     replays) gives the eager run on the same GPU, in float64: the same kernels, so agreement to 1e-10."""
-    from featurelab.data import bottleneck_teacher
-    from featurelab.training import Phase, TrainConfig, capture
+    from featurelab.training import capture
     from featurelab.training.ensemble import train_ensemble
+    from test_ensemble import DATA, guarded_adaptive_ensemble
 
-    data = bottleneck_teacher((5, 2, 5), "fcnn", 8, 40, 16, teacher_seed=0, data_seed=1)
-    configs = [
-        TrainConfig(
-            lam=1e-3,
-            log_every=5,
-            phases=[
-                Phase(optimizer="adam", steps=30, lr=lr / 5, adapt_every=5, guard_window=5),
-                Phase(optimizer="sgd", steps=30, lr=lr, momentum=0.9, guard_window=5),
-            ],
-        )
-        for lr in (0.01, 0.3, 1.0)
-    ]
+    make, configs = guarded_adaptive_ensemble(D)
 
     def run():
-        models = [LeakyResNet(5, 5, 6, 4, 1.5, steps="adaptive", seed=i, dtype=D) for i in range(3)]
-        hist = [r.history for r in train_ensemble(models, data, configs, device="cuda")]
+        models = [make(i) for i in range(len(configs))]
+        hist = [r.history for r in train_ensemble(models, DATA, configs, device="cuda")]
         return models, hist
 
     captured, hist = run()

@@ -225,9 +225,19 @@ def replay_captured_steps(monkeypatch):
     monkeypatch.setattr(capture, "capture", Replay)
 
 
-def test_the_captured_path_keeps_the_guard_and_adaptive_steps(monkeypatch):
-    """Between replays the loss guard rolls members back (halving their lr, restarting their optimizer) and
-    the Leaky ResNets adapt their steps; the graph path gives the eager run, per member."""
+def eager_and_replayed(monkeypatch, make, configs, data=DATA, device="cpu"):
+    """Train the members eagerly, then again through the graph path replayed as plain calls; returns
+    ``(eager models, their histories, replayed models, their histories)``."""
+    eager = [make(i) for i in range(len(configs))]
+    eager_hist = [r.history for r in train_ensemble(eager, data, configs, device=device)]
+    replay_captured_steps(monkeypatch)
+    replayed = [make(i) for i in range(len(configs))]
+    return eager, eager_hist, replayed, [r.history for r in train_ensemble(replayed, data, configs, device=device)]
+
+
+def guarded_adaptive_ensemble(dtype=torch.float64):
+    """Three Leaky ResNets with adaptive steps and the loss guard: Adam, then SGD with momentum, at lr
+    0.01, 0.3 and 1.0 (only the last member is rolled back, in the SGD phase). Returns ``(make, configs)``."""
     configs = [
         TrainConfig(
             lam=1e-3,
@@ -239,12 +249,14 @@ def test_the_captured_path_keeps_the_guard_and_adaptive_steps(monkeypatch):
         )
         for lr in (0.01, 0.3, 1.0)
     ]
-    make = lambda i: LeakyResNet(5, 5, 6, 4, 1.5, steps="adaptive", seed=i, dtype=torch.float64)
-    eager = [make(i) for i in range(3)]
-    eager_hist = [r.history for r in train_ensemble(eager, DATA, configs)]
-    replay_captured_steps(monkeypatch)
-    replayed = [make(i) for i in range(3)]
-    hist = [r.history for r in train_ensemble(replayed, DATA, configs)]
+    return (lambda i: LeakyResNet(5, 5, 6, 4, 1.5, steps="adaptive", seed=i, dtype=dtype)), configs
+
+
+def test_the_captured_path_keeps_the_guard_and_adaptive_steps(monkeypatch):
+    """Between replays the loss guard rolls members back (halving their lr, restarting their optimizer) and
+    the Leaky ResNets adapt their steps; the graph path gives the eager run, per member."""
+    make, configs = guarded_adaptive_ensemble()
+    eager, eager_hist, replayed, hist = eager_and_replayed(monkeypatch, make, configs)
     assert max_difference(replayed, eager) < 1e-12
     cols = ["loss", "lr"]
     assert all(float((h[cols] - e[cols]).abs().max().max()) < 1e-12 for h, e in zip(hist, eager_hist))
@@ -271,12 +283,7 @@ def test_the_captured_step_body_replays_the_eager_run(monkeypatch):
         for lam, lr, s in [(0.0, 2e-3, 0), (0.01, 5e-3, 1)]
     ]
     make = lambda i: MLP(5, 5, 10, 3, bias=1.0, seed=i, dtype=torch.float64)
-    eager = [make(i) for i in range(2)]
-    eager_hist = [r.history for r in train_ensemble(eager, DATA, configs)]
-
-    replay_captured_steps(monkeypatch)
-    replayed = [make(i) for i in range(2)]
-    hist = [r.history for r in train_ensemble(replayed, DATA, configs)]
+    eager, eager_hist, replayed, hist = eager_and_replayed(monkeypatch, make, configs)
     assert max_difference(replayed, eager) < 1e-12
     cols = ["loss", "lr", "capped_steps"]
     assert all(float((h[cols] - e[cols]).abs().max().max()) < 1e-12 for h, e in zip(hist, eager_hist))
