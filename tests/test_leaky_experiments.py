@@ -9,25 +9,37 @@ from featurelab.experiments import leaky_bottleneck as lb
 from featurelab.runs import run_experiment
 
 
-def _kind(V: torch.Tensor, b: torch.Tensor, k: int) -> str:
-    W = torch.cat([V, b[:, None]], dim=1)
-    return lb.bottleneck_kind(torch.linalg.svdvals(W), torch.linalg.svdvals(V), k)
-
-
 def test_f4_bottleneck_kind_tells_the_bias_direction_apart():
+    """A W_l that reproduces a k-dimensional affine, non-negative representation (the bottleneck of Prop. 5) has
+    k+1 non-zero singular values, with or without its bias column; with the mean input direction removed it has
+    k. A genuine extra direction keeps k+1 after that removal."""
     g = torch.Generator().manual_seed(0)
-    w, k = 12, 3
-    low = torch.randn(w, k, generator=g, dtype=torch.float64) @ torch.randn(k, w, generator=g, dtype=torch.float64)
-    noise = 1e-3 * torch.randn(w, w, generator=g, dtype=torch.float64)
-    inside = low[:, 0]  # a bias in the column space of the weights adds no direction
-    outside = torch.randn(w, generator=g, dtype=torch.float64) * 3
-    extra = torch.outer(outside, torch.randn(w, generator=g, dtype=torch.float64))
-    assert lb.bottleneck_kind(torch.linalg.svdvals(low + noise), torch.linalg.svdvals(low), k) == "k*"
-    assert _kind(low + noise, inside, k) == "k*"
-    assert _kind(low + noise, outside, k) == "k*+1 (bias)"
-    assert _kind(low + extra + noise, 0 * outside, k + 1) == "k*"
-    assert _kind(low + extra + noise, inside, k) == "k*+1 (not bias)"
-    assert _kind(torch.randn(w, w, generator=g, dtype=torch.float64), outside, k) == "none"
+    N, w, k, Lt = 200, 12, 3, 8.0
+    U = torch.linalg.qr(torch.randn(w, k, generator=g, dtype=torch.float64)).Q
+    A = 3.0 + (2 * torch.rand(N, k, generator=g, dtype=torch.float64) - 1) @ U.T  # affine, all entries > 0
+    S = torch.cat([A.clamp_min(0), torch.ones(N, 1, dtype=torch.float64)], dim=1)  # σ(A) = [ReLU(A), 1]
+    W = torch.linalg.lstsq(S, Lt * A, driver="gelsd").solution.T  # min-norm W with σ(A)Wᵀ = L̃A
+    sv = torch.linalg.svdvals
+    assert sv(W)[k] > 1e-3 * sv(W)[0] and sv(W)[k + 1] < 1e-10 * sv(W)[0]  # k+1 values
+    assert sv(W[:, :-1])[k] > 1e-3 * sv(W)[0]  # the bias-free columns keep the extra value
+    free = lb.mean_free_weights(W, S)
+    assert sv(free)[k] < 1e-10 * sv(W)[0]  # the mean input direction carried it
+    assert lb.bottleneck_kind(sv(W), sv(free), k) == "k*+1 (bias)"
+    assert lb.f4_gap(sv(W), sv(free), k) > 1e9
+
+    centred = torch.cat(
+        [torch.randn(w, k, generator=g, dtype=torch.float64) @ U.T, torch.zeros(w, 1, dtype=torch.float64)], dim=1
+    )
+    assert lb.bottleneck_kind(sv(centred), sv(lb.mean_free_weights(centred, S)), k) == "k*"  # acts on U only
+    m = S.mean(0)
+    off = torch.randn(w + 1, generator=g, dtype=torch.float64)
+    off = off - (off @ m) / (m @ m) * m  # an input direction orthogonal to the mean
+    extra = centred + sv(centred)[k - 1] * torch.outer(
+        torch.randn(w, generator=g, dtype=torch.float64), off / off.norm()
+    )
+    assert lb.bottleneck_kind(sv(extra), sv(lb.mean_free_weights(extra, S)), k) == "k*+1 (not bias)"
+    noisy = torch.randn(w, w + 1, generator=g, dtype=torch.float64)
+    assert lb.bottleneck_kind(sv(noisy), sv(lb.mean_free_weights(noisy, S)), k) == "none"
     assert lb.spectral_gap(torch.tensor([4.0, 2.0, 0.0]), 2) == float("inf")
 
 

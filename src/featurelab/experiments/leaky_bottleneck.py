@@ -1,18 +1,21 @@
 """`leaky-bottleneck`: a Leaky ResNet trained on a bottleneck teacher learns a k*-dimensional
 bottleneck in its middle layers (docs/theory/leaky-resnets.md §5; Jacot & Kaiser Fig. 1 at one L̃).
 
-quick: Part 1 §5.4 at L̃ = 8 (teacher 10→3→10, N = 256, w = 40, L = 16, λ = 0.02, Adam 15k cosine).
+quick: Part 1 §5.4 at L̃ = 8 (teacher 10→3→10, N = 256, w = 40, L = 16, λ = 0.02), Adam 20k cosine from lr 6e-3
+(the defaults, 15k from 3e-3, stop before the bottleneck's edge layers separate: docs/leaky-resnets.md).
 paper: Part 1 §5.2 (teacher 20→5→20, N = 1000, w = 200, L = 50, λ = 0.002, adaptive ρ, L̃ = 5,
 Adam 20k at lr 1e-3 cosine-decayed to 1e-5 **[ours]**, then 10k steps of guarded GD at the smaller lr 1e-4, as
 App. B: "briefly SGD with a smaller learning rate").
 Claim `f4-bottleneck-gap` (Jacot & Kaiser Fig. 1, App. B "a clear separation between k* large values"; Part 1
 §5.3 F4): in every bottleneck layer (W_l placed at p_{l-1} in [1/4, 3/4)) W_l has k* dominant singular values,
 s_{k*} >= 10 s_{k*+1}; or k*+1 of them, s_{k*+1} >= 10 s_{k*+2}, where the extra one is the bias direction:
-the weights without their bias column then have k* dominant values, s_{k*} >= 10 s_{k*+1}.
+with the layer's mean input direction m = mean_i σ(A_{l-1})_i (the constant input, bias entry included) removed,
+W_l(I - m̂m̂ᵀ) has k* dominant values, s_{k*} >= 10 s_{k*+1} (`mean_free_weights`; docs/leaky-resnets.md).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Literal
 
 import numpy as np
@@ -71,7 +74,7 @@ def check_depth(depth: int, Lt: float, steps: str) -> None:
 
 
 PRESETS = {
-    "quick": {},
+    "quick": {"adam_steps": 20000, "adam_lr": 6e-3},
     "tiny": {
         "n_train": 64,
         "n_test": 64,
@@ -138,22 +141,50 @@ def spectral_gap(s, k: int) -> float:
     return float(s[k - 1] / s[k]) if s[k] > 0 else float("inf")
 
 
-def bottleneck_kind(s, s_weights, k: int) -> str:
+def mean_free_weights(W: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """``W (I - m̂m̂ᵀ)``: the layer's weights W (w x (w+1)) with their action on the mean input removed, where
+    ``m = mean_i S_i`` over the rows of ``S = σ(A_{l-1})`` (N x (w+1), last column the constant 1) and
+    ``m̂ = m/‖m‖``.
+
+    Why (F4, Jacot & Kaiser App. B "k*+1 ... bias"): in the bottleneck the representations are non-negative
+    (Prop. 5 of the paper), so they fill a k*-dimensional *affine* set ``{c + Uz}`` that misses the origin, and
+    its inputs ``[ReLU(A), 1]`` span k*+1 dimensions. A W_l that acts on them therefore has k*+1 non-zero singular
+    values, and so do its columns without the bias (``W[:, :w] c`` is generically outside ``W[:, :w] U``).
+    Removing the one constant direction m̂ leaves the k* directions along which the inputs vary."""
+    m = S.mean(0)
+    m = m / m.norm().clamp_min(torch.finfo(S.dtype).tiny)
+    return W - torch.outer(W @ m, m)
+
+
+def bottleneck_kind(s, s_mean_free, k: int) -> str:
     """F4 for one W_l (Part 1 §5.3): "k*" when s_{k*} >= GAP·s_{k*+1}; "k*+1 (bias)" when s_{k*+1} >= GAP·s_{k*+2}
-    and the weights without the bias column (singular values `s_weights`) have the k* gap, so that the extra
-    direction is the bias's; "k*+1 (not bias)" when they do not; "none" otherwise. s, s_weights: decreasing, at
-    least k+2 values. (At a critical point ``W_l = L̃B_lσ(A_{l-1})ᵀ``, so the bias-free part ``L̃B_lReLU(A_{l-1})ᵀ``
-    has rank <= dim ReLU(A_{l-1}): a k*-dimensional representation leaves only the bias column to add a value.)"""
+    and `mean_free_weights` (singular values `s_mean_free`) has the k* gap, so that the extra direction is the
+    constant input's (the bias and the mean of the non-negative representation); "k*+1 (not bias)" when it does
+    not; "none" otherwise. s, s_mean_free: decreasing, at least k+2 values."""
     if spectral_gap(s, k) >= GAP:
         return "k*"
     if spectral_gap(s, k + 1) >= GAP:
-        return "k*+1 (bias)" if spectral_gap(s_weights, k) >= GAP else "k*+1 (not bias)"
+        return "k*+1 (bias)" if spectral_gap(s_mean_free, k) >= GAP else "k*+1 (not bias)"
     return "none"
+
+
+def f4_gap(s, s_mean_free, k: int) -> float:
+    """The layer's F4 gap: s_{k*}/s_{k*+1}, or, when larger, the k*+1 route's weaker ratio
+    min(s_{k*+1}/s_{k*+2}, mean-free s_{k*}/s_{k*+1}); the layer passes `bottleneck_kind` iff it is >= GAP."""
+    return max(spectral_gap(s, k), min(spectral_gap(s, k + 1), spectral_gap(s_mean_free, k)))
+
+
+def mean_free_layer_weights(model: LeakyResNet, X: torch.Tensor) -> list[torch.Tensor]:
+    """`mean_free_weights` of every layer l = 1..L on the inputs X (N x d), in float64 on the CPU."""
+    model = copy.deepcopy(model).double()
+    with torch.no_grad():
+        reps = model.representations(X.to(next(model.parameters()).device, torch.float64))
+        return [mean_free_weights(W, model.sigma(A)).cpu() for W, A in zip(model.layer_matrices(), reps)]
 
 
 def f4_claim(k: int, kinds: list[str], gap_min: float, where: str = ""):
     """The `f4-bottleneck-gap` claim from the `bottleneck_kind` of every bottleneck layer; gap_min is the smallest
-    s_{k*}/s_{k*+1} among them."""
+    `f4_gap` among them."""
     good, total = sum(kind in ("k*", "k*+1 (bias)") for kind in kinds), len(kinds)
     return claim(
         f"F4{where}: every bottleneck layer (p in [1/4, 3/4)) has k* = {k} dominant singular values of W_l, "
@@ -164,7 +195,7 @@ def f4_claim(k: int, kinds: list[str], gap_min: float, where: str = ""):
             "layers with the gap": good,
             "of": total,
             "k*+1 values, the extra not the bias's": kinds.count("k*+1 (not bias)"),
-            "min s_k*/s_k*+1": gap_min,
+            "min F4 gap": gap_min,
         },
         total > 0 and good == total,
         f"gap >= {GAP:g}",
@@ -237,7 +268,9 @@ def finish(cfg: Config, unit: dict, model: LeakyResNet, result, ctx) -> dict:
         "rho": model.rho.tolist(),
         "positions": model.positions.tolist(),
         "top_singular_values": [singular_values(w, 10).tolist() for w in W],
-        "weight_singular_values": [singular_values(w[:, :-1], 10).tolist() for w in W],
+        "mean_free_singular_values": [
+            singular_values(w, 10).tolist() for w in mean_free_layer_weights(model, make_data(cfg).X_train)
+        ],
         "effective_ranks": [effective_rank(w, rtol=0.1) for w in W],
         "train_seconds": result.seconds,
         "resumed_from_step": result.resumed_from,
@@ -249,8 +282,9 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     k = bottleneck_rank(cfg)
     ranks = res["effective_ranks"]
     mid = bottleneck_layers(res["positions"])
-    kinds = [bottleneck_kind(res["top_singular_values"][l - 1], res["weight_singular_values"][l - 1], k) for l in mid]
-    gaps = [spectral_gap(res["top_singular_values"][l - 1], k) for l in mid]
+    top, free = res["top_singular_values"], res["mean_free_singular_values"]
+    kinds = [bottleneck_kind(top[l - 1], free[l - 1], k) for l in mid]
+    gaps = [f4_gap(top[l - 1], free[l - 1], k) for l in mid]
     claims = [f4_claim(k, kinds, min(gaps, default=float("nan")))]
 
     p = np.array(res["positions"][:-1])
@@ -287,7 +321,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             "bottleneck_layer": [l in mid for l in range(1, cfg.depth + 1)],
             "gap_k": [spectral_gap(s, k) for s in res["top_singular_values"]],
             "gap_k_plus_1": [spectral_gap(s, k + 1) for s in res["top_singular_values"]],
-            "gap_k_without_bias": [spectral_gap(s, k) for s in res["weight_singular_values"]],
+            "gap_k_mean_free": [spectral_gap(s, k) for s in res["mean_free_singular_values"]],
             **{f"s{i + 1}": S[:, i] for i in range(S.shape[1])},
         }
     )

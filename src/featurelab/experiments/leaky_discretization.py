@@ -10,8 +10,8 @@ paper schedule: Adam 20k, then guarded GD 10k at a smaller lr).
 Claims (both presets): test error falls from the smallest to the largest L; the paper's "small but consistent
 advantage" of adaptive and irregular steps: at every L the seed mean of the paired difference (equidistant minus
 scheme, same seed = same task and init) is positive; adaptive ρ small at both ends; Fig. 2(b)'s dimensions: the
-weights (bias column dropped) of the adaptive net at L = reference_depth have effective rank 3 near p = 0.7 and 6
-near p = 0.3.
+weights (the mean input direction removed, as in F4) of the adaptive net at L = reference_depth have effective
+rank 3 near p = 0.7 and 6 near p = 0.3.
 """
 
 from __future__ import annotations
@@ -115,12 +115,14 @@ def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
         "positions": model.positions.tolist(),
         "top_singular_values": [singular_values(w, 10).tolist() for w in W],
         "effective_ranks": [effective_rank(w, rtol=0.1) for w in W],
-        "weight_effective_ranks": [effective_rank(w[:, :-1], rtol=0.1) for w in W],
         "train_seconds": result.seconds,
     }
     if unit["depth"] == cfg.reference_depth and unit["seed"] == cfg.seed:
         data = lb.make_data(unit_config(cfg, unit))
         out["pca_paths"] = pca_paths(model, data.X_train, cfg.pca_points)
+        out["mean_free_effective_ranks"] = [
+            effective_rank(w, rtol=0.1) for w in lb.mean_free_layer_weights(model, data.X_train)
+        ]
     return out
 
 
@@ -208,13 +210,14 @@ def paired_advantage(t: pd.DataFrame, schemes: list[str]) -> pd.DataFrame:
 
 
 def figure2b_dimensions(cfg: Config, results: dict[str, dict]) -> dict:
-    """Effective rank of the bias-free weights of the adaptive reference net (L = reference_depth, first seed) at
-    the layers whose p_{l-1} is nearest 0.3 and 0.7 (Jacot & Kaiser Fig. 2(b)); {} when that run is missing."""
+    """Effective rank of the mean-free weights (`lb.mean_free_weights`: the constant input direction removed) of
+    the adaptive reference net (L = reference_depth, first seed) at the layers whose p_{l-1} is nearest 0.3 and 0.7
+    (Jacot & Kaiser Fig. 2(b)); {} when that run is missing."""
     ref = reference_runs(cfg, results).get("adaptive")
     if ref is None:
         return {}
     p = np.array(ref["positions"][:-1])
-    return {f"p≈{q}": int(ref["weight_effective_ranks"][int(np.argmin(np.abs(p - q)))]) for q in (0.3, 0.7)}
+    return {f"p≈{q}": int(ref["mean_free_effective_ranks"][int(np.argmin(np.abs(p - q)))]) for q in (0.3, 0.7)}
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
@@ -267,7 +270,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         claims.append(
             claim(
                 f"Fig. 2(b): the adaptive net at L = {cfg.reference_depth} has a 3-dim bottleneck near p = 0.7 and a "
-                "6-dim plateau near p = 0.3 (effective rank #{s_i >= 0.1 s_1} of W_l without its bias column)",
+                "6-dim plateau near p = 0.3 (effective rank #{s_i >= 0.1 s_1} of W_l without its mean input direction)",
                 REF,
                 "3 at p ≈ 0.7, 6 at p ≈ 0.3",
                 dims,

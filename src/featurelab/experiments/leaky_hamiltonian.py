@@ -86,12 +86,13 @@ def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
     data = lb.make_data(unit_config(cfg, unit["effective_depth"]))
     t0 = time.perf_counter()
     df = geodesic_diagnostics(model, data.X_train, data.Y_train, cfg.lam, cfg.gamma0, cfg.gamma_mode)
-    W = model.W.detach().double().cpu()
     return {
         "effective_depth": unit["effective_depth"],
         "layers": df.to_dict(orient="list"),
         "positions": model.positions.tolist(),
-        "weight_singular_values": [singular_values(w[:, :-1], 10).tolist() for w in W],
+        "mean_free_singular_values": [
+            singular_values(w, 10).tolist() for w in lb.mean_free_layer_weights(model, data.X_train)
+        ],
         "summary": df.attrs["summary"],
         "final": result.history.iloc[-1].to_dict(),
         "train_seconds": result.seconds,
@@ -105,11 +106,12 @@ def spread(x) -> float:
 
 
 def f4_layers(k: int, df: pd.DataFrame, res: dict) -> tuple[list[str], list[float]]:
-    """`lb.bottleneck_kind` and s_{k*}/s_{k*+1} of W_l in each bottleneck layer of one trained net (F4)."""
-    S = df.filter(regex=r"^sv\d+$").to_numpy()
+    """`lb.bottleneck_kind` and `lb.f4_gap` of W_l in each bottleneck layer of one trained net (F4)."""
+    S, free = df.filter(regex=r"^sv\d+$").to_numpy(), res["mean_free_singular_values"]
     mid = lb.bottleneck_layers(res["positions"])
-    kinds = [lb.bottleneck_kind(S[l - 1], res["weight_singular_values"][l - 1], k) for l in mid]
-    return kinds, [lb.spectral_gap(S[l - 1], k) for l in mid]
+    return [lb.bottleneck_kind(S[l - 1], free[l - 1], k) for l in mid], [
+        lb.f4_gap(S[l - 1], free[l - 1], k) for l in mid
+    ]
 
 
 def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[float, dict]) -> pd.DataFrame:
