@@ -169,3 +169,90 @@ def symmetry_task(
             "data_seed": data_seed,
         },
     )
+
+
+# ------------------------------------------------------------- Theorem 3 items 1-3, Prop. 5 (r1-properties)
+R1_TASKS = ("id-cp", "id-plane", "linear", "sum-f", "sum-g", "comp-g", "comp-f")
+
+
+def cp_basis(d: int, k: int, seed: int = 0) -> np.ndarray:
+    """A ``d x k`` orthonormal basis with non-negative entries and disjoint supports (docs/theory/bottleneck-rank.md
+    §2.5): the coordinates are cut into k consecutive blocks of near-equal size, column i is supported on block i
+    with entries U[0.2, 1] (seed), normalised. Every set in the cone it spans is completely positive."""
+    int_at_least("k", k, 1)
+    int_at_least("d", d, k)
+    rng = np.random.default_rng(seed)
+    V = np.zeros((d, k))
+    for i, block in enumerate(np.array_split(np.arange(d), k)):
+        V[block, i] = rng.uniform(0.2, 1.0, size=block.size)
+    return V / np.linalg.norm(V, axis=0)
+
+
+def _orthonormal(rng: np.random.Generator, d: int, k: int) -> np.ndarray:
+    Q, R = np.linalg.qr(rng.normal(size=(d, k)))
+    return Q * np.sign(np.diag(R))
+
+
+def r1_task(
+    name: str,
+    d: int = 6,
+    n_train: int = 128,
+    n_test: int = 128,
+    s: tuple[float, float] = (3.0, 1.5),
+    inner: tuple[float, float] = (1.5, 2.0),
+    radius: float = 2.0,
+    task_seed: int = 0,
+    data_seed: int = 1,
+) -> Dataset:
+    """One task of the `r1-properties` experiment (Jacot 2023, arXiv 2305.19008, Theorem 3 items 1-3 and
+    Prop. 5; docs/theory/bottleneck-rank.md §2.5, §4c). d_in = d_out = d; rows are samples; float64.
+
+    Ω: x = Vc with c ~ U[0, radius]² and V = `cp_basis(d, 2)` (a completely positive 2-planar set), one draw of c
+    (data_seed) shared by every task, so that f, g, f∘g and f+g are compared on the same points. With
+    U, U_B random orthonormal ``d x 2`` (task_seed), A = U diag(s) Vᵀ and B = U_B diag(inner) Vᵀ:
+
+    - ``id-cp``: y = x on Ω (R⁽⁰⁾ = 2, R⁽¹⁾ = 0);
+    - ``id-plane``: y = x on x = Pc', c' ~ U[−radius, radius]², P random orthonormal: planar, not CP (R⁽¹⁾ > 0);
+    - ``linear``: y = Ax on Ω (R⁽¹⁾ = 2 log|A|_+ = 2 Σ log s_i); it is both f∘g and f+g below;
+    - ``sum-f``, ``sum-g``: y = s_1 u_1 v_1ᵀx, y = s_2 u_2 v_2ᵀx on Ω (rank 1 each; their sum is ``linear``);
+    - ``comp-g``: y = Bx on Ω; ``comp-f``: y = Cz on z ∈ B(Ω) with C = U diag(s/inner) U_Bᵀ (rank 2 each;
+      C∘B = A is ``linear``).
+
+    meta: "task", "rank" (R⁽⁰⁾), and for the linear tasks "A" (the map on the inputs, ``d x d``) and "basis"
+    (``d x 2``, right singular vectors of A whose coordinates are >= 0 on the inputs), for `cp_linear_cost`.
+    """
+    if name not in R1_TASKS:
+        raise FeaturelabError(f"task {name!r} does not exist; choose one of: {', '.join(R1_TASKS)}")
+    int_at_least("d", d, 2)
+    int_at_least("n_train", n_train, 1)
+    int_at_least("n_test", n_test, 0)
+    positive("radius", radius)
+    if len(s) != 2 or len(inner) != 2 or min(*s, *inner) <= 0:
+        raise FeaturelabError(f"s={s!r} and inner={inner!r} must be pairs of positive singular values")
+    trng = np.random.default_rng(task_seed)
+    V = cp_basis(d, 2, seed=task_seed)
+    U, UB, P = _orthonormal(trng, d, 2), _orthonormal(trng, d, 2), _orthonormal(trng, d, 2)
+    S, SB = np.diag(s), np.diag(inner)
+    c = np.random.default_rng(data_seed).uniform(0.0, radius, size=(n_train + n_test, 2))
+    X = c @ V.T
+    rank, A, basis = 2, None, V
+    if name == "id-cp":
+        A = V @ V.T
+    elif name == "id-plane":
+        X, basis = (2 * c - radius) @ P.T, None
+    elif name == "linear":
+        A = U @ S @ V.T
+    elif name in ("sum-f", "sum-g"):
+        i = 0 if name == "sum-f" else 1
+        A, rank = s[i] * np.outer(U[:, i], V[:, i]), 1
+    elif name == "comp-g":
+        A = UB @ SB @ V.T
+    else:  # comp-f: on the image of comp-g
+        X = X @ (UB @ SB @ V.T).T
+        A, basis = U @ np.diag(np.asarray(s) / np.asarray(inner)) @ UB.T, UB
+    Y = X if A is None else X @ A.T
+    meta = {"name": "r1_task", "task": name, "d": d, "rank": rank, "s": list(s), "inner": list(inner), "radius": radius}
+    meta |= {"task_seed": task_seed, "data_seed": data_seed}
+    if A is not None and basis is not None:
+        meta |= {"A": A.tolist(), "basis": basis.tolist()}
+    return Dataset.split(X, Y, n_train, meta)

@@ -17,6 +17,7 @@ from . import (
     leaky_bottleneck,
     leaky_discretization,
     leaky_hamiltonian,
+    r1_properties,
     relu_noninvariance,
     saddle_digits,
     symmetry_learning,
@@ -31,6 +32,7 @@ EXPERIMENTS: list[Experiment] = [
     leaky_discretization.EXPERIMENT,
     # bottleneck rank (Jacot, arXiv 2305.19008)
     bn_rank_depth.EXPERIMENT,
+    r1_properties.EXPERIMENT,
     symmetry_learning.EXPERIMENT,
     # attraction/repulsion and sparsity (Jacot, Golikov, Hongler, Gabriel, arXiv 2205.15809)
     forces.EXPERIMENT,

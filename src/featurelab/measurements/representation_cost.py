@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..checks import as_matrix, int_at_least, non_negative, renamed
+from ..checks import as_matrix, int_at_least, non_negative, nonempty, renamed
 from ..errors import FeaturelabError
 from ..results import Result
 from .ranks import numerical_rank, singular_values
@@ -204,4 +204,181 @@ def estimate_representation_cost(
         residual,
         L.tolist(),
         y.tolist(),
+    )
+
+
+# ------------------------------------------------------------- complete positivity (Theorem 3 item 3, Prop. 5)
+def _orthonormal_basis(basis, rtol: float) -> torch.Tensor:
+    """`basis` (d x k) checked to have orthonormal columns (‖VᵀV − I‖_max <= rtol), as float64."""
+    V = as_matrix("basis", basis)
+    if V.shape[1] == 0 or V.shape[1] > V.shape[0]:
+        raise FeaturelabError(f"basis must be d x k with 1 <= k <= d (one column per vector), got {tuple(V.shape)}")
+    err = float((V.T @ V - torch.eye(V.shape[1], dtype=V.dtype)).abs().max())
+    if err > rtol:
+        raise FeaturelabError(f"basis must have orthonormal columns: max|VᵀV − I| = {err:.3g} > rtol={rtol:g}")
+    return V
+
+
+@dataclass(frozen=True)
+class CompletePositivity(Result):
+    """Whether samples lie in the non-negative cone of an orthonormal basis (Jacot 2023, Prop. 5 and Theorem 3
+    item 3; docs/theory/bottleneck-rank.md §2.5).
+
+    passed: every sample x has u_iᵀx >= −rtol·max‖x‖ for every basis vector u_i, and lies in the span of the
+        basis to rtol·max‖x‖.
+    min_coordinate: min over samples and basis vectors of u_iᵀx / max‖x‖ (>= 0 for a CP set).
+    span_residual: max over samples of ‖x − VVᵀx‖ / max‖x‖ (0 when the samples lie in span V).
+    planar_rank: numerical rank of the samples (#{s_i > rtol·s_1}); Prop. 5's k-planar means it equals k.
+    k: the number of basis vectors.
+    """
+
+    passed: bool
+    min_coordinate: float
+    span_residual: float
+    planar_rank: int
+    k: int
+
+
+def complete_positivity(X, basis, *, rtol: float = 1e-10) -> CompletePositivity:
+    """Check complete positivity of a sample set Ω in a given basis: Ω ⊂ span V and Vᵀx >= 0 for x ∈ Ω
+    (Jacot 2023, arXiv 2305.19008, Prop. 5: a k-planar Ω is completely positive when some orthonormal basis
+    u_1..u_k of its span has u_iᵀx >= 0 on Ω; docs/theory/bottleneck-rank.md §2.5).
+
+    X: ``N x d`` samples (rows); basis: V, ``d x k`` with orthonormal columns. This checks one candidate
+    basis; a set is CP when some basis passes. Tolerances are relative to max‖x‖.
+    """
+    X = nonempty("X", as_matrix("X", X))
+    non_negative("rtol", rtol)
+    V = _orthonormal_basis(basis, max(rtol, 1e-12))
+    if V.shape[0] != X.shape[1]:
+        raise FeaturelabError(f"basis has {V.shape[0]} rows but X has {X.shape[1]} columns; both must be d")
+    scale = float(X.norm(dim=1).max())
+    if scale == 0:
+        raise FeaturelabError("X has only zero rows: its span is {0}, so complete positivity is undefined")
+    C = X @ V
+    min_coord = float(C.min()) / scale
+    residual = float((X - C @ V.T).norm(dim=1).max()) / scale
+    s = singular_values(X)
+    rank = int((s > rtol * s[0]).sum())
+    return CompletePositivity(min_coord >= -rtol and residual <= rtol, min_coord, residual, rank, V.shape[1])
+
+
+def _cp_factors(A, basis, rtol: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(U, s, V) with A V = U diag(s), s > rtol·max s, for a basis V of right singular vectors of A on span V."""
+    A = as_matrix("A", A)
+    V = _orthonormal_basis(basis, max(rtol, 1e-12))
+    if V.shape[0] != A.shape[1]:
+        raise FeaturelabError(f"basis has {V.shape[0]} rows but A has {A.shape[1]} columns (d_in); they must agree")
+    M = A @ V
+    G = M.T @ M
+    s = torch.sqrt(torch.diagonal(G).clamp_min(0))
+    if not float(s.max()) > 0:
+        raise FeaturelabError("A vanishes on span(basis): the zero map has no compact SVD to factorize (its cost is 0)")
+    off = G - torch.diag(torch.diagonal(G))
+    if float(off.abs().max()) > max(rtol, 1e-12) * float(s.max()) ** 2:
+        raise FeaturelabError(
+            f"basis is not a set of right singular vectors of A: (AV)ᵀ(AV) has off-diagonal entries up to "
+            f"{float(off.abs().max()):.3g} (relative to s_max² = {float(s.max()) ** 2:.3g})"
+        )
+    keep = s > rtol * s.max()
+    return M[:, keep] / s[keep], s[keep], V[:, keep]
+
+
+def cp_linear_representation(A, basis, L: int, *, rtol: float = 1e-10) -> list[torch.Tensor]:
+    """Weights ``[W_1, ..., W_L]`` (zero biases) of a depth-L ReLU network that computes x ↦ Ax on every x with
+    Vᵀx >= 0 in span V, with ‖θ‖² = L Σ_i s_i^{2/L} (Jacot 2023, arXiv 2305.19008, Theorem 3 item 3 and
+    Prop. 5; docs/theory/bottleneck-rank.md §2.5).
+
+    A: ``d_out x d_in``; basis: V, ``d_in x k`` orthonormal columns that are right singular vectors of A
+    restricted to span V, i.e. A V = U S with U orthonormal (checked: (AV)ᵀ(AV) diagonal to rtol·s_max²).
+    Columns with s_i <= rtol·s_max are dropped. With r kept columns: W_1 = S^{1/L}Vᵀ (r x d_in),
+    W_ℓ = S^{1/L} (r x r, ℓ = 2..L−1), W_L = U S^{1/L} (d_out x r); for L = 1 the single weight is U S Vᵀ.
+    Every hidden representation S^{ℓ/L}Vᵀx is >= 0 on the CP cone, so the ReLU acts as the identity there.
+    """
+    int_at_least("L", L, 1)
+    non_negative("rtol", rtol)
+    U, s, V = _cp_factors(A, basis, rtol)
+    if L == 1:
+        return [(U * s) @ V.T]
+    root = s ** (1.0 / L)
+    return [root[:, None] * V.T] + [torch.diag(root) for _ in range(L - 2)] + [U * root]
+
+
+def cp_linear_cost(A, basis, L: int, *, rtol: float = 1e-10) -> float:
+    """R(f; Ω, L) = L Σ_i s_i(A P_Ω)^{2/L} for f(x) = Ax on a completely positive domain Ω spanning span V with
+    Vᵀx >= 0 (V = `basis`, right singular vectors of A on span V): exact for ReLU networks with biases
+    (Jacot 2023, arXiv 2305.19008, Theorem 3 item 3; docs/theory/bottleneck-rank.md §2.5). The construction
+    `cp_linear_representation` attains it; the bound ‖θ‖² >= L Σ_i s_i(Jf_θ(x))^{2/L} at a relative interior
+    point of Ω gives the matching lower bound. Arguments as `cp_linear_representation`.
+    """
+    int_at_least("L", L, 1)
+    non_negative("rtol", rtol)
+    _, s, _ = _cp_factors(A, basis, rtol)
+    return float(L * (s ** (2.0 / L)).sum())
+
+
+def shrinkage_corrected_cost(sq_norm: float, train_mse: float, lam: float) -> float:
+    """‖θ‖² + 2C/λ: a first-order estimate of R(f*; Ω, L) for the target f* from a network θ trained to a
+    minimum of C(f_θ) + λ‖θ‖² with C = (1/N) Σ_i ‖f_θ(x_i) − y_i‖² (docs/theory/bottleneck-rank.md §3.11, ours).
+
+    At such a minimum f_θ minimises C(f) + λR(f), so along f_t = f_θ + t(y − f_θ) the first-order condition
+    gives R(f*) ≈ R(f_θ) − (1/λ) dC(f_t)/dt|₀ = ‖θ‖² + 2C/λ; comparing only the end points gives the bound
+    R(f*) >= ‖θ‖² + C/λ at a global minimum. sq_norm: ‖θ‖²; train_mse: C (sum over outputs, mean over
+    samples); lam: λ > 0.
+    """
+    non_negative("sq_norm", sq_norm)
+    non_negative("train_mse", train_mse)
+    if not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam <= 0:
+        raise FeaturelabError(f"lam={lam!r} is not allowed: it must be a finite number > 0")
+    return float(sq_norm + 2.0 * train_mse / lam)
+
+
+@dataclass(frozen=True)
+class KnownRankFit(Result):
+    """The depth fit with the slope fixed to a known R⁽⁰⁾ = k (docs/theory/bottleneck-rank.md §3.5).
+
+    R1: intercept of ‖θ‖² − kL ≈ R⁽¹⁾ + R⁽²⁾/L.  R2: the 1/L coefficient.  R1_se: standard error of R1 from
+    the residuals (n − 2 degrees of freedom; nan when n <= 2).  residual: root-mean-square residual.
+    rank: k.  depths, sq_norms: the data fitted.
+    """
+
+    R1: float
+    R2: float
+    R1_se: float
+    residual: float
+    rank: int
+    depths: list
+    sq_norms: list
+
+
+def estimate_r1_given_rank(depths, sq_norms, rank: int) -> KnownRankFit:
+    """Least-squares fit ‖θ‖² − kL ≈ R⁽¹⁾ + R⁽²⁾/L over networks of one rank class k = R⁽⁰⁾ (Jacot 2023,
+    arXiv 2305.19008, the expansion R = L·R⁽⁰⁾ + R⁽¹⁾ + R⁽²⁾/L + o(1/L); docs/theory/bottleneck-rank.md §3.5).
+
+    With the slope known, the 1/L term costs one parameter, not two: on the exact costs of a linear map with
+    s = (3, 1.5) at L ∈ {4, 6, 8, 10, 12} the intercept is 2.95 against R⁽¹⁾ = 3.01 (the free 3-term fit of
+    `estimate_representation_cost`: 2.85, and it amplifies noise in ‖θ‖² 6 times more; the median of ‖θ‖² − kL:
+    3.38, biased by R⁽²⁾/L). depths: one per network (repeats allowed, >= 2 distinct); sq_norms: same length.
+    """
+    L = np.asarray(depths, dtype=np.float64).ravel()
+    y = np.asarray(sq_norms, dtype=np.float64).ravel()
+    int_at_least("rank", rank, 0)
+    if L.size != y.size:
+        raise FeaturelabError(f"depths has {L.size} entries but sq_norms has {y.size}; give one norm per depth")
+    if not np.all(np.isfinite(y)):
+        raise FeaturelabError(f"sq_norms={y.tolist()} contains NaN or inf; all squared norms must be finite")
+    if not np.all(np.isfinite(L)) or np.any(L < 1):
+        raise FeaturelabError(f"depths={L.tolist()} is not allowed: every depth must be a finite number >= 1")
+    if np.unique(L).size < 2:
+        raise FeaturelabError(f"depths={L.tolist()} has fewer than 2 distinct depths; the fit needs at least 2")
+    design = np.stack([np.ones_like(L), 1.0 / L], axis=1)
+    target = y - rank * L
+    coef, *_ = np.linalg.lstsq(design, target, rcond=1e-12)
+    res = design @ coef - target
+    se = float("nan")
+    if L.size > 2:
+        var = float(res @ res) / (L.size - 2)
+        se = float(np.sqrt(var * np.linalg.solve(design.T @ design, np.array([1.0, 0.0]))[0]))
+    return KnownRankFit(
+        float(coef[0]), float(coef[1]), se, float(np.sqrt(np.mean(res**2))), int(rank), L.tolist(), y.tolist()
     )
