@@ -11,6 +11,9 @@ import torch
 
 from featurelab import MLP, FeaturelabError, LeakyResNet, Phase, TrainConfig, train
 from featurelab.data import bottleneck_teacher
+from featurelab.data.separable import separable
+from featurelab.models.conv import Conv
+from featurelab.models.residual import Dense, Flatten, HomogeneousNet, ResBlock
 from featurelab.training import engine
 from featurelab.training.ensemble import ensemble_key, train_ensemble
 
@@ -288,3 +291,84 @@ def test_the_captured_step_body_replays_the_eager_run(monkeypatch):
     cols = ["loss", "lr", "capped_steps"]
     assert all(float((h[cols] - e[cols]).abs().max().max()) < 1e-12 for h, e in zip(hist, eager_hist))
     assert int(hist[0]["capped_steps"].iloc[-1]) > 0
+
+
+def homogeneous_net(arch: str, i: int) -> HomogeneousNet:
+    """Member i of a float64 HomogeneousNet ensemble: members differ in init (seed, scale) and in the
+    Dense slopes (buffers, unit-wise for the first layer)."""
+    kw = {"init_scale": [1.0, 0.7, 1.3][i], "generator": torch.Generator().manual_seed(i)}
+    slopes = [[0.0] * 8, [0.0, 0.1] * 4, [0.2] * 8][i]
+    if arch == "dense":
+        return HomogeneousNet([Dense(6, 8, slopes, **kw), Dense(8, 8, 0.0, **kw), Dense(8, 1, 1.0, **kw)])
+    if arch == "conv":
+        return HomogeneousNet(
+            [
+                Conv(2, 3, 3, padding=1, leak=[0.0, 0.5, 0.1][i], **kw),
+                Conv(3, 3, 3, stride=2, padding=1, leak=1.0, **kw),
+                Flatten(),
+                Dense(12, 8, slopes, **kw),
+                Dense(8, 1, 1.0, **kw),
+            ],
+            input_shape=(2, 4, 3),
+        )
+    return HomogeneousNet(
+        [
+            Dense(6, 8, slopes, **kw),
+            ResBlock(arch, 8, 5, 8 if arch != "free" else 7, sigma_in="relu", sigma_out="linear", **kw),
+            ResBlock(arch, 8 if arch != "free" else 7, 5, sigma_in=0.1, sigma_out="relu", **kw),
+            Dense(8 if arch != "free" else 7, 1, 1.0, **kw),
+        ]
+    )
+
+
+HOMOGENEOUS_ARCHS = ("dense", "identity", "diagonal", "free", "conv")
+
+
+@pytest.mark.parametrize("arch", HOMOGENEOUS_ARCHS)
+def test_homogeneous_net_ensemble_matches_one_by_one_float64(arch):
+    """Dense, ResBlock (each kind) and Conv stages stacked: per-member init, slopes, λ, lr, data and
+    mini-batch seed; Adam (cosine) with mini-batches, then SGD with momentum and the guard."""
+    data = [separable(24, 8, 6 if arch != "conv" else 24, 0.1, seed=i) for i in range(3)]
+    configs = [
+        TrainConfig(
+            objective="logistic",
+            lam=lam,
+            seed=i,
+            log_every=20,
+            phases=[
+                Phase(optimizer="adam", steps=30, lr=lr, schedule="cosine", lr_min=lr / 10, batch_size=16),
+                Phase(optimizer="sgd", steps=30, lr=10 * lr, momentum=0.5, guard_window=10),
+            ],
+        )
+        for i, (lam, lr) in enumerate([(0.0, 1e-2), (1e-2, 2e-2), (3e-2, 5e-3)])
+    ]
+    compare(lambda i: homogeneous_net(arch, i), configs, data, 1e-10)
+
+
+@pytest.mark.parametrize("arch", HOMOGENEOUS_ARCHS)
+def test_homogeneous_net_ensembles_take_the_stacked_forward(arch, monkeypatch):
+    """HomogeneousNet is `Stackable`: its ensembles run one stacked forward pass, never vmap; the stacked
+    forward and penalty give each member's own output ``M x N x 1`` and ``(M,)`` penalty."""
+    members = [homogeneous_net(arch, i) for i in range(3)]
+    assert isinstance(members[0], engine.Stackable)
+    data = separable(16, 0, members[0].d_in, 0.1, seed=0)
+    tensors = [dict(m.named_parameters()) | dict(m.named_buffers()) for m in members]
+    state = {f"model.{k}": torch.stack([t[k] for t in tensors]) for k in tensors[0]}
+    lam = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    objective = engine._Objective(members[0], "logistic", [])
+    out = torch.func.functional_call(members[0], {k[6:]: v for k, v in state.items()}, (data.X_train,))
+    cost, pen = torch.func.functional_call(objective, state, (data.X_train, data.Y_train, lam, []))
+    with torch.no_grad():
+        assert out.shape == (3, 16, 1) and cost.shape == pen.shape == (3,)
+        assert float((out - torch.stack([m(data.X_train) for m in members])).abs().max()) < 1e-12
+        assert float((pen - torch.stack([m.penalty(float(l)) for m, l in zip(members, lam)])).abs().max()) < 1e-12
+        one_by_one = [engine.data_cost("logistic", m(data.X_train), data.Y_train) for m in members]
+        assert float((cost - torch.stack(one_by_one)).abs().max()) < 1e-12
+
+    def no_vmap(*args, **kwargs):
+        raise AssertionError("the ensemble was vmapped")
+
+    monkeypatch.setattr(engine, "vmap", no_vmap)
+    config = TrainConfig(objective="logistic", lam=0.01, phases=[Phase(optimizer="sgd", steps=3, lr=1e-2)])
+    results = train_ensemble(members, data, config)
+    assert all(not isinstance(r, Exception) for r in results)

@@ -47,13 +47,19 @@ def unfold_after_conv(W: torch.Tensor, channels: int) -> torch.Tensor:
 
 def leaky(z: torch.Tensor, leak: torch.Tensor, dim: int = 1) -> torch.Tensor:
     """Unit-wise σ(z) = z for z > 0, leak·z otherwise; `leak` has one entry per unit along `dim`
-    (0 = ReLU, 1 = linear). σ'(0) = leak, as torch's ReLU."""
+    (0 = ReLU, 1 = linear). σ'(0) = leak, as torch's ReLU.
+
+    Stacked members: `leak` ``M x n`` (one row per member) and z ``M x ...`` with its units along
+    ``dim + 1`` (e.g. ``M x N x n``, or ``M x N x c x H x W`` with dim=1)."""
     if bool((leak == 1.0).all()):
         return z
     if bool((leak == 0.0).all()):
         return torch.relu(z)
     shape = [1] * z.ndim
-    shape[dim] = -1
+    if leak.dim() == 1:
+        shape[dim] = -1
+    else:
+        shape[0], shape[dim + 1] = leak.shape[0], leak.shape[1]
     return torch.where(z > 0, z, leak.view(shape).to(z.dtype) * z)
 
 
@@ -76,6 +82,11 @@ class Conv(nn.Module):
         init_scale: s, weights ~ N(0, s²/fan_in) with fan_in = c_in·k² (Part 5 §6).
         generator: torch.Generator for the init; dtype: parameter dtype.
     ``forward`` maps ``N x c_in x H x W`` to the pre-activation ``N x c_out x H' x W'``; `act` applies σ.
+
+    Stacked members (``weight`` ``M x c_out x c_in x k x k``, ``leak`` ``M x c_out``, as the training
+    engine's ensembles pass them): ``forward`` maps ``N x c_in x H x W`` (shared) or ``M x N x c_in x H x W``
+    to ``M x N x c_out x H' x W'``: a shared input is convolved with all ``M·c_out`` kernels at once, a
+    stacked one by one grouped convolution (``groups=M``: each member's kernels read only its channels).
     """
 
     leak: torch.Tensor  # buffer, one slope per output channel
@@ -126,7 +137,16 @@ class Conv(nn.Module):
         return (c_out, h, w)
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(a, self.weight, stride=self.stride, padding=self.padding)
+        K = self.weight
+        if K.dim() == 4:
+            return F.conv2d(a, K, stride=self.stride, padding=self.padding)
+        M, c_out, c_in, kh, kw = K.shape  # stacked members: channels member-major
+        if a.dim() == 4:  # a shared input: one convolution with the members' M·c_out kernels
+            z = F.conv2d(a, K.reshape(M * c_out, c_in, kh, kw), stride=self.stride, padding=self.padding)
+        else:  # one grouped convolution: member m's kernels read only member m's channels
+            x = a.transpose(0, 1).reshape(a.shape[1], M * c_in, *a.shape[-2:])
+            z = F.conv2d(x, K.reshape(M * c_out, c_in, kh, kw), stride=self.stride, padding=self.padding, groups=M)
+        return z.reshape(z.shape[0], M, c_out, *z.shape[-2:]).transpose(0, 1)
 
     def act(self, z: torch.Tensor) -> torch.Tensor:
         return leaky(z, self.leak, dim=1)

@@ -10,6 +10,12 @@ Residual blocks (x ∈ R^a, V_1 ∈ R^{b x a}; Part 5 §1), with rows for sample
     identity: r(x) = σ_out(σ_in(x V_1ᵀ) V_2ᵀ + x)          V_2 ∈ R^{a x b}, fixed skip,
     diagonal: r(x) = σ_out(σ_in(x V_1ᵀ) V_2ᵀ + x ∘ d)      D = diag(d) learnable,
     free:     r(x) = σ_out(σ_in(x V_1ᵀ) V_2ᵀ + x V_3ᵀ)     V_2 ∈ R^{c x b}, V_3 ∈ R^{c x a}.
+
+Stacked members: every stage's forward (and `HomogeneousNet.forward`, `sq_norm`, `penalty`) also runs on
+parameters and buffers with a leading member axis M, as the training engine's ensembles pass them
+(``Dense.weight`` ``M x d_out x d_in``, ``Dense.leak`` ``M x d_out``, ``ResBlock.d`` ``M x a``, a Conv
+kernel ``M x c_out x c_in x k x k``): inputs ``N x d_in`` (shared) or ``M x N x d_in``, outputs
+``M x N x 1``, penalties ``(M,)``.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ def _gaussian(rows: int, cols: int, scale: float, generator, dtype) -> nn.Parame
 
 class Dense(nn.Module):
     """Bias-free FC layer ``z = a Wᵀ`` (W: ``d_out x d_in``) followed by unit-wise σ with slope `leak`
-    (a number or ``d_out`` numbers; 0 ReLU, 1 linear). ``weight=`` reuses an existing Parameter."""
+    (a number or ``d_out`` numbers; 0 ReLU, 1 linear). ``weight=`` reuses an existing Parameter.
+    Stacked members: W ``M x d_out x d_in``, leak ``M x d_out``; a ``N x d_in`` or ``M x N x d_in``
+    gives ``M x N x d_out``."""
 
     leak: torch.Tensor  # buffer, one slope per output unit
 
@@ -60,7 +68,7 @@ class Dense(nn.Module):
         self.register_buffer("leak", unit_leaks(leak, d_out))
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
-        return a @ self.weight.T
+        return a @ self.weight.mT
 
     def act(self, z: torch.Tensor) -> torch.Tensor:
         return leaky(z, self.leak)
@@ -70,10 +78,14 @@ class Dense(nn.Module):
 
 
 class Flatten(nn.Module):
-    """``N x c x H x W`` -> ``N x (c·H·W)``, channel-major (no parameters)."""
+    """``N x c x H x W`` -> ``N x (c·H·W)``, channel-major (no parameters). With ``item_dims`` (the
+    number of axes of one sample, 3 for ``c x H x W``) only the trailing ``item_dims`` axes are merged,
+    so stacked members' ``M x N x c x H x W`` gives ``M x N x (c·H·W)``."""
 
-    def forward(self, a: torch.Tensor) -> torch.Tensor:
-        return a.reshape(a.shape[0], -1)
+    def forward(self, a: torch.Tensor, item_dims: int | None = None) -> torch.Tensor:
+        if item_dims is None:
+            return a.reshape(a.shape[0], -1)
+        return a.flatten(a.dim() - item_dims)
 
 
 class ResBlock(nn.Module):
@@ -85,6 +97,8 @@ class ResBlock(nn.Module):
         sigma_in, sigma_out: "relu" or "linear" (or a slope number) inside and after the block.
         init_scale: s; V_i ~ N(0, s²/fan_in); the diagonal d starts at s·1 [ours].
     ``forward(x)`` returns ``(z_hidden, z_out)`` pre-activations; ``act_in``/``act_out`` apply σ.
+    Stacked members: V_i ``M x rows x cols``, d ``M x a``; x ``N x a`` or ``M x N x a`` gives
+    ``M x N x b`` and ``M x N x c``.
     """
 
     def __init__(
@@ -120,8 +134,8 @@ class ResBlock(nn.Module):
         if self.kind == "identity":
             return x
         if self.kind == "diagonal":
-            return x * self.d
-        return x @ self.V3.T
+            return x * self.d.unsqueeze(-2)  # (1 x a), or M x 1 x a for stacked members
+        return x @ self.V3.mT
 
     def act_in(self, z: torch.Tensor) -> torch.Tensor:
         return torch.where(z > 0, z, self.leak_in * z)
@@ -130,8 +144,8 @@ class ResBlock(nn.Module):
         return torch.where(z > 0, z, self.leak_out * z)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = x @ self.V1.T
-        return h, self.act_in(h) @ self.V2.T + self.skip(x)
+        h = x @ self.V1.mT
+        return h, self.act_in(h) @ self.V2.mT + self.skip(x)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, a={self.a}, b={self.b}, c={self.c}, leak_in={self.leak_in}, leak_out={self.leak_out}"
@@ -139,27 +153,37 @@ class ResBlock(nn.Module):
 
 def block_out_matrix(block: ResBlock, get=lambda p: p) -> torch.Tensor:
     """The block's output-side matrix B: [V_2, V_3] (free), [V_2, D] (diagonal), V_2 (identity); `get`
-    maps each Parameter to the tensor to use (the parameter itself, or its gradient)."""
+    maps each Parameter to the tensor to use (the parameter itself, or its gradient). ``c x (b + a)``
+    (``c x b`` identity), or ``M x ...`` for stacked members."""
     if block.kind == "free":
-        return torch.cat([get(block.V2), get(block.V3)], dim=1)
+        return torch.cat([get(block.V2), get(block.V3)], dim=-1)
     if block.kind == "diagonal":
-        return torch.cat([get(block.V2), torch.diag(get(block.d))], dim=1)
+        return torch.cat([get(block.V2), torch.diag_embed(get(block.d))], dim=-1)
     return get(block.V2)
 
 
 def block_in_matrix(block: ResBlock, get=lambda p: p) -> torch.Tensor:
-    """The block's input-side matrix A: [V_1; V_3] (free), [V_1; D] (diagonal), V_1 (identity)."""
+    """The block's input-side matrix A: [V_1; V_3] (free), [V_1; D] (diagonal), V_1 (identity).
+    ``(b + c) x a`` (``b x a`` identity), or ``M x ...`` for stacked members."""
     if block.kind == "free":
-        return torch.cat([get(block.V1), get(block.V3)], dim=0)
+        return torch.cat([get(block.V1), get(block.V3)], dim=-2)
     if block.kind == "diagonal":
-        return torch.cat([get(block.V1), torch.diag(get(block.d))], dim=0)
+        return torch.cat([get(block.V1), torch.diag_embed(get(block.d))], dim=-2)
     return get(block.V1)
 
 
 class HomogeneousNet(nn.Module):
     """A sequence of `Dense`, `Conv`, `Flatten` and `ResBlock` stages with scalar, linear output
     (Part 5 §1). `input_shape` is ``(c, H, W)`` when the first stage is a Conv (rows of X are then
-    channel-major images), else None. The last stage must be a Dense with one linear output unit."""
+    channel-major images), else None. The last stage must be a Dense with one linear output unit.
+
+    Implements the training engine's `Stackable` protocol: ``forward`` and ``penalty`` also run on every
+    parameter and buffer stacked along a leading member axis M (inputs ``N x d_in`` or ``M x N x d_in``,
+    outputs ``M x N x 1``, penalties ``(M,)``), so an ensemble is one batched forward pass, Conv stages
+    included (grouped convolutions). `weight_matrices` and `layer_matrices` read one member's tensors.
+    """
+
+    member_floats: tuple[str, ...] = ()  # float attributes (the ResBlock slopes) must be equal across a stacked forward
 
     def __init__(self, stages: Sequence[nn.Module], input_shape: tuple[int, int, int] | None = None):
         super().__init__()
@@ -200,13 +224,15 @@ class HomogeneousNet(nn.Module):
             self.shapes.append(shape)
 
     def forward(self, X: torch.Tensor, return_layers: bool = False):
-        """X: ``N x d_in`` -> ``N x 1``; with ``return_layers=True`` a `Forward` of every unit layer."""
-        a = X.reshape(X.shape[0], *self.input_shape) if self.input_shape else X
+        """X: ``N x d_in`` -> ``N x 1``; with ``return_layers=True`` a `Forward` of every unit layer.
+        Stacked members: X ``N x d_in`` or ``M x N x d_in`` -> ``M x N x 1``."""
+        a = X.reshape(*X.shape[:-1], *self.input_shape) if self.input_shape else X
         pre: dict[tuple[int, str], torch.Tensor] = {}
         act: dict[tuple[int, str], torch.Tensor] = {}
         for i, s in enumerate(self.stages):
             if isinstance(s, Flatten):
-                a = s(a)
+                shape = self.shapes[i]
+                a = s(a, len(shape) if isinstance(shape, tuple) else 1)
                 continue
             if isinstance(s, ResBlock):
                 h, z = s(a)
@@ -238,10 +264,15 @@ class HomogeneousNet(nn.Module):
         return self.weight_matrices()
 
     def sq_norm(self) -> torch.Tensor:
-        return torch.stack([(p**2).sum() for p in self.parameters()]).sum()
+        """‖θ‖², a 0-d tensor, or ``(M,)`` (one per member) for stacked members."""
+        last = self.stages[-1]
+        assert isinstance(last, Dense)  # the constructor checks it
+        if last.weight.dim() == 2:  # one model (stacked members: M x 1 x n)
+            return torch.stack([(p**2).sum() for p in self.parameters()]).sum()
+        return torch.stack([(p**2).flatten(1).sum(1) for p in self.parameters()]).sum(0)
 
-    def penalty(self, lam: float) -> torch.Tensor:
-        """λ‖θ‖² (Part 5 trains with λ = 0)."""
+    def penalty(self, lam) -> torch.Tensor:
+        """λ‖θ‖² (Part 5 trains with λ = 0); λ a float, or ``(M,)`` for stacked members (result ``(M,)``)."""
         return lam * self.sq_norm()
 
 

@@ -2,7 +2,7 @@
 case M = 1, `train_ensemble` the general one), with `train`'s semantics for every member.
 
 The members' trainable parameters are stacked along a leading member axis (``M x ...``). Models that
-implement `Stackable` (`MLP`, `LeakyResNet`) run one forward pass on the stacked tensors (batched
+implement `Stackable` (`MLP`, `LeakyResNet`, `HomogeneousNet`) run one forward pass on the stacked tensors (batched
 matmuls: M runs cost about M times the FLOPs in one set of kernel launches); other models are vmapped
 (``torch.func.functional_call`` + ``torch.func.vmap``); a single run calls the model itself. Each
 member's own module keeps views into the stacks, so it always shows its current values (for

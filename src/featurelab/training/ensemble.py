@@ -5,8 +5,9 @@ as the Leaky-ResNet steps ρ; the data, if same-shaped) and in λ, learning rate
 mini-batch seed, and float attributes of the model that enter the forward pass arithmetically (the
 Leaky-ResNet effective depth L̃). Everything else (shapes, the phase list, optimizers, schedules,
 logging) must be equal; `ensemble_key` says when two runs can share an ensemble. The loop is the
-training engine's (`featurelab.training.engine`), the same one `train` runs: `MLP` and `LeakyResNet`
-members train with batched matmuls on stacked ``M x out x in`` weights, other models are vmapped. In
+training engine's (`featurelab.training.engine`), the same one `train` runs: `MLP`, `LeakyResNet` and
+`HomogeneousNet` members train with batched matmuls (grouped convolutions) on stacked ``M x out x in`` weights,
+other models are vmapped. In
 float64 a member agrees with its one-by-one run to rounding (the batched matmuls sum in another
 order), see docs/scale.md. L-BFGS (a line search per member) is not batched: `ensemble_key` returns
 None for such runs.
