@@ -23,7 +23,7 @@ bound ‖θ‖² >= L Σ s_i(Jf(x))^{2/L} holds at every training point.
 from __future__ import annotations
 
 import statistics
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import pandas as pd
@@ -109,26 +109,54 @@ def units(cfg: Config) -> list[dict]:
     ]
 
 
-def build(cfg: Config, unit: dict) -> TrainingUnit:
-    data = make_data(cfg)
+class MLPRun(Protocol):
+    """The config fields `mlp_unit` reads (this experiment's and `r1-properties`' configs have them)."""
+
+    @property
+    def d(self) -> int: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def lr_min(self) -> float: ...
+    @property
+    def log_every(self) -> int: ...
+    @property
+    def checkpoint_every(self) -> int: ...
+
+
+def mlp_unit(cfg: MLPRun, data, depth: int, init_seed: int, lam: float, top_singular_values: int) -> TrainingUnit:
+    """A ReLU `MLP` d -> d of the given depth (width cfg.width, biases, He init, seed 1000·cfg.seed + init_seed)
+    trained on `data` with C + λ‖θ‖², full-batch Adam cosine-decayed from cfg.lr to cfg.lr_min (Part 2 §4a)."""
     model = MLP(
         cfg.d,
         cfg.d,
         cfg.width,
-        unit["depth"],
+        depth,
         bias=1.0,
-        seed=1000 * cfg.seed + unit["init_seed"],
+        seed=1000 * cfg.seed + init_seed,
         dtype=getattr(torch, cfg.dtype),
     )
     config = TrainConfig(
         objective="mse",
-        lam=unit["lam"],
+        lam=lam,
         log_every=cfg.log_every,
         checkpoint_every=cfg.checkpoint_every,
-        top_singular_values=4,
+        top_singular_values=top_singular_values,
         phases=[Phase(optimizer="adam", steps=cfg.steps, lr=cfg.lr, schedule="cosine", lr_min=cfg.lr_min)],
     )
     return TrainingUnit(model, data, config)
+
+
+def build(cfg: Config, unit: dict) -> TrainingUnit:
+    return mlp_unit(cfg, make_data(cfg), unit["depth"], unit["init_seed"], unit["lam"], top_singular_values=4)
 
 
 def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:

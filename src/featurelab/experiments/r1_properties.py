@@ -47,8 +47,8 @@ from ..measurements.representation_cost import (
 )
 from ..models import MLP
 from ..runtime import float64_copy
-from ..training import Phase, TrainConfig
 from .base import Analysis, Experiment, TrainingUnit
+from .bn_rank_depth import mlp_unit
 
 LINEAR_TASKS = ("id-cp", "linear", "sum-f", "sum-g", "comp-g", "comp-f")  # exact cost known (CP linear maps)
 Depth = Annotated[int, Field(ge=2, le=64)]
@@ -149,24 +149,7 @@ def units(cfg: Config) -> list[dict]:
 
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg, unit["task"])
-    model = MLP(
-        cfg.d,
-        cfg.d,
-        cfg.width,
-        unit["depth"],
-        bias=1.0,
-        seed=1000 * cfg.seed + unit["init_seed"],
-        dtype=getattr(torch, cfg.dtype),
-    )
-    config = TrainConfig(
-        objective="mse",
-        lam=cfg.lam,
-        log_every=cfg.log_every,
-        checkpoint_every=cfg.checkpoint_every,
-        top_singular_values=3,
-        phases=[Phase(optimizer="adam", steps=cfg.steps, lr=cfg.lr, schedule="cosine", lr_min=cfg.lr_min)],
-    )
-    return TrainingUnit(model, data, config)
+    return mlp_unit(cfg, data, unit["depth"], unit["init_seed"], cfg.lam, top_singular_values=3)
 
 
 def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
