@@ -50,6 +50,7 @@ from ..runtime import float64_copy
 from .base import Analysis, Experiment, TrainingUnit
 from .bn_rank_depth import mlp_unit
 
+REF = "Jacot 2023 (arXiv 2305.19008) Theorem 3, Prop. 5; docs/theory/bottleneck-rank.md §2.5, §4c"
 LINEAR_TASKS = ("id-cp", "linear", "sum-f", "sum-g", "comp-g", "comp-f")  # exact cost known (CP linear maps)
 Depth = Annotated[int, Field(ge=2, le=64)]
 SingularValue = Annotated[float, Field(gt=0, le=100)]
@@ -231,6 +232,20 @@ def _se(*entries: dict) -> float:
     return float(np.sqrt(sum(e["R1_se"] ** 2 for e in entries)))
 
 
+def subadditivity_claim(statement: str, both: str, fg: dict, f: dict, g: dict, id: str):
+    """R̂⁽¹⁾(`both`) <= R̂⁽¹⁾(f) + R̂⁽¹⁾(g) up to twice the fits' joint standard error (Theorem 3 items 1-2)."""
+    tol = 2 * _se(fg, f, g)
+    return claim(
+        statement,
+        REF,
+        f"R̂⁽¹⁾({both}) <= R̂⁽¹⁾(f) + R̂⁽¹⁾(g) = {f['R1_hat'] + g['R1_hat']:.3f}",
+        {both: fg["R1_hat"], "f": f["R1_hat"], "g": g["R1_hat"], f"2log|·|_+ of {both}, f, g": _exact(fg, f, g)},
+        fg["R1_hat"] <= f["R1_hat"] + g["R1_hat"] + tol,
+        f"2·√(Σ se²) = {tol:.3f}",
+        id=id,
+    )
+
+
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     rows = pd.DataFrame([{"id": uid, **r} for uid, r in sorted(results.items())])
     rows["fits"] = rows.rel_train_mse <= cfg.fit_threshold
@@ -240,13 +255,12 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     for task in LINEAR_TASKS:
         if task in fits:
             fits[task]["two_log_pdet"] = linear_expansion(_linear_map(make_data(cfg, task).meta)[0]).r1
-    ref = "Jacot 2023 (arXiv 2305.19008) Theorem 3, Prop. 5; docs/theory/bottleneck-rank.md §2.5, §4c"
     missing = [t for t in R1_TASKS if t not in fits]
     if missing:
         claims = [
             claim(
                 "every task has fitting nets at >= 3 depths, so that its R̂⁽¹⁾ can be fitted",
-                ref,
+                REF,
                 "all tasks",
                 {"missing": missing},
                 False,
@@ -263,7 +277,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         claim(
             "R⁽⁰⁾ = rank: the free fit's slope of the corrected ‖θ‖² in L equals each task's rank (1 for sum-f, "
             "sum-g; 2 otherwise), the precondition of items 1 and 2",
-            ref,
+            REF,
             {t: f["rank"] for t, f in fits.items()},
             slopes,
             ok,
@@ -288,7 +302,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         }
         passed = bool(low.min() >= 1 - cfg.cost_rtol and attained.max() <= 1 + cfg.cost_rtol)
         expected = "no net below the exact cost, the best seed per depth at it"
-        return claim(statement, ref, expected, measured, passed, f"{cfg.cost_rtol:g} relative", id=cid)
+        return claim(statement, REF, expected, measured, passed, f"{cfg.cost_rtol:g} relative", id=cid)
 
     claims.append(
         cost_claim(
@@ -304,7 +318,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         claim(
             "Theorem 3 item 3: R̂⁽¹⁾ of f = Ax on the CP domain equals the same fit of the exact costs "
             f"(which is within {abs(lin['R1_exact_fit'] - two_log_pdet):.2f} of 2 log|A|_+ = {two_log_pdet:.3f})",
-            ref,
+            REF,
             lin["R1_exact_fit"],
             {"R1_hat": lin["R1_hat"], "se": lin["R1_se"], "2log|A|+": two_log_pdet},
             abs(lin["R1_hat"] - lin["R1_exact_fit"]) <= tol and _resolved(lin, cfg),
@@ -325,7 +339,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     claims.append(
         claim(
             "Prop. 5: R⁽¹⁾(id; Ω) = 0 on a 2-planar completely positive Ω",
-            ref,
+            REF,
             0.0,
             {"R1_hat": cp["R1_hat"], "se": cp["R1_se"], "R1_hat of raw ‖θ‖²": cp["R1_hat_raw"]},
             abs(cp["R1_hat"]) <= tol and _resolved(cp, cfg),
@@ -338,38 +352,32 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         claim(
             "Prop. 5: R⁽¹⁾(id; Ω) > 0 on a 2-planar Ω that is not completely positive (a centred square), "
             "clearly above the CP identity's",
-            ref,
+            REF,
             f"R̂⁽¹⁾(id-plane) − R̂⁽¹⁾(id-cp) > 2se + {cfg.r1_atol:g} = {margin:.3f}, and R̂⁽¹⁾(id-plane) − 2se > 0",
             {"id-plane": plane["R1_hat"], "se": plane["R1_se"], "id-cp": cp["R1_hat"]},
             plane["R1_hat"] - cp["R1_hat"] > margin and plane["R1_hat"] - 2 * plane["R1_se"] > 0,
             id="prop5-noncp-positive",
         )
     )
-    f, g = fits["comp-f"], fits["comp-g"]
-    tol = 2 * _se(lin, f, g)
     claims.append(
-        claim(
+        subadditivity_claim(
             "Theorem 3 item 1: R⁽¹⁾(f∘g) <= R⁽¹⁾(f) + R⁽¹⁾(g) with R⁽⁰⁾(f∘g) = R⁽⁰⁾(f) = R⁽⁰⁾(g) = 2 "
             "(g = B on Ω, f = C on B(Ω), f∘g = A = linear)",
-            ref,
-            f"R̂⁽¹⁾(f∘g) <= R̂⁽¹⁾(f) + R̂⁽¹⁾(g) = {f['R1_hat'] + g['R1_hat']:.3f}",
-            {"f∘g": lin["R1_hat"], "f": f["R1_hat"], "g": g["R1_hat"], "2log|·|_+ of f∘g, f, g": _exact(lin, f, g)},
-            lin["R1_hat"] <= f["R1_hat"] + g["R1_hat"] + tol,
-            f"2·√(Σ se²) = {tol:.3f}",
+            "f∘g",
+            lin,
+            fits["comp-f"],
+            fits["comp-g"],
             id="thm3-item1-composition",
         )
     )
-    f, g = fits["sum-f"], fits["sum-g"]
-    tol = 2 * _se(lin, f, g)
     claims.append(
-        claim(
+        subadditivity_claim(
             "Theorem 3 item 2: R⁽¹⁾(f+g) <= R⁽¹⁾(f) + R⁽¹⁾(g) with R⁽⁰⁾(f+g) = R⁽⁰⁾(f) + R⁽⁰⁾(g) = 1 + 1 "
             "(f, g = the rank-1 pieces s_i u_i v_iᵀ of A, f + g = linear)",
-            ref,
-            f"R̂⁽¹⁾(f+g) <= R̂⁽¹⁾(f) + R̂⁽¹⁾(g) = {f['R1_hat'] + g['R1_hat']:.3f}",
-            {"f+g": lin["R1_hat"], "f": f["R1_hat"], "g": g["R1_hat"], "2log|·|_+ of f+g, f, g": _exact(lin, f, g)},
-            lin["R1_hat"] <= f["R1_hat"] + g["R1_hat"] + tol,
-            f"2·√(Σ se²) = {tol:.3f}",
+            "f+g",
+            lin,
+            fits["sum-f"],
+            fits["sum-g"],
             id="thm3-item2-sum",
         )
     )
