@@ -5,6 +5,7 @@ is to 1e-10 (batched matmuls only sum in another order), float32 to the toleranc
 """
 
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -178,6 +179,14 @@ def test_ensemble_key_and_bad_input():
         train_ensemble([a, MLP(5, 5, 11, 3)], DATA, c)
     with pytest.raises(FeaturelabError, match="data has 3 entries"):
         train_ensemble([a, b], [DATA] * 3, c)
+    # the same one-line input checks as train, before any training
+    X = DATA.X_train.clone()
+    X[0, 0] = float("nan")
+    with pytest.raises(FeaturelabError, match="NaN or inf"):
+        train_ensemble([a, b], [DATA, replace(DATA, X_train=X)], c)
+    narrow = replace(DATA, Y_train=DATA.Y_train[:, :4], Y_test=DATA.Y_test[:, :4])
+    with pytest.raises(FeaturelabError, match="5 outputs but data.Y_train has 4 columns"):
+        train_ensemble([a, b], narrow, c)
 
 
 def test_diverging_member_fails_alone():

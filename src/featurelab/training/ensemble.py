@@ -29,6 +29,7 @@ from ..data.dataset import Dataset
 from ..errors import FeaturelabError
 from .engine import float_attrs, run
 from .phases import TrainConfig, TrainResult
+from .trainer import check_training_inputs
 
 PER_MEMBER_PHASE_FIELDS = ("lr", "lr_min")
 
@@ -117,8 +118,8 @@ def train_ensemble(
     M = len(models)
     if M == 0:
         raise FeaturelabError("models is empty; give at least one model")
-    datas = _as_list(data, M, "data")
     cfgs = [TrainConfig.model_validate(c) for c in _as_list(configs, M, "configs")]
+    datas = [check_training_inputs(m, d, c.objective) for m, d, c in zip(models, _as_list(data, M, "data"), cfgs)]
     dirs = [Path(d) if d is not None else None for d in _as_list(run_dirs, M, "run_dirs")]
     cbs = [tuple(c) for c in (callbacks if callbacks is not None else [()] * M)]
     if len(cbs) != M:
