@@ -160,6 +160,22 @@ class RepresentationCostFit(Result):
     sq_norms: list
 
 
+def _depth_fit_inputs(depths, sq_norms) -> tuple[np.ndarray, np.ndarray]:
+    """(L, ‖θ‖²) as float64 vectors, checked: equal lengths, finite norms, depths >= 1, >= 2 distinct depths."""
+    L = np.asarray(depths, dtype=np.float64).ravel()
+    y = np.asarray(sq_norms, dtype=np.float64).ravel()
+    if L.size != y.size:
+        raise FeaturelabError(f"depths has {L.size} entries but sq_norms has {y.size}; give one norm per depth")
+    if not np.all(np.isfinite(y)):
+        raise FeaturelabError(f"sq_norms={y.tolist()} contains NaN or inf; all squared norms must be finite")
+    if not np.all(np.isfinite(L)) or np.any(L < 1):
+        raise FeaturelabError(f"depths={L.tolist()} is not allowed: every depth must be a finite number >= 1")
+    distinct = np.unique(L).size
+    if distinct < 2:
+        raise FeaturelabError(f"depths={L.tolist()} has {distinct} distinct depth(s); the fit needs at least 2")
+    return L, y
+
+
 def estimate_representation_cost(
     depths, sq_norms, rank: int | None = None, terms: int | None = None
 ) -> RepresentationCostFit:
@@ -172,17 +188,8 @@ def estimate_representation_cost(
         else 2. At least 2 distinct depths (3 for the 3-term fit) are needed.
     rank: the class's rank k, if known: also report the robust R̂⁽¹⁾ = median(‖θ‖² − kL).
     """
-    L = np.asarray(depths, dtype=np.float64).ravel()
-    y = np.asarray(sq_norms, dtype=np.float64).ravel()
-    if L.size != y.size:
-        raise FeaturelabError(f"depths has {L.size} entries but sq_norms has {y.size}; give one norm per depth")
-    if not np.all(np.isfinite(y)):
-        raise FeaturelabError(f"sq_norms={y.tolist()} contains NaN or inf; all squared norms must be finite")
-    if not np.all(np.isfinite(L)) or np.any(L < 1):
-        raise FeaturelabError(f"depths={L.tolist()} is not allowed: every depth must be a finite number >= 1")
+    L, y = _depth_fit_inputs(depths, sq_norms)
     distinct = np.unique(L).size
-    if distinct < 2:
-        raise FeaturelabError(f"depths={L.tolist()} has {distinct} distinct depth(s); the fit needs at least 2")
     if terms is None:
         terms = 3 if distinct >= 4 else 2
     if terms not in (2, 3) or distinct < terms:
@@ -360,17 +367,8 @@ def estimate_r1_given_rank(depths, sq_norms, rank: int) -> KnownRankFit:
     `estimate_representation_cost`: 2.85, and it amplifies noise in ‖θ‖² 6 times more; the median of ‖θ‖² − kL:
     3.38, biased by R⁽²⁾/L). depths: one per network (repeats allowed, >= 2 distinct); sq_norms: same length.
     """
-    L = np.asarray(depths, dtype=np.float64).ravel()
-    y = np.asarray(sq_norms, dtype=np.float64).ravel()
     int_at_least("rank", rank, 0)
-    if L.size != y.size:
-        raise FeaturelabError(f"depths has {L.size} entries but sq_norms has {y.size}; give one norm per depth")
-    if not np.all(np.isfinite(y)):
-        raise FeaturelabError(f"sq_norms={y.tolist()} contains NaN or inf; all squared norms must be finite")
-    if not np.all(np.isfinite(L)) or np.any(L < 1):
-        raise FeaturelabError(f"depths={L.tolist()} is not allowed: every depth must be a finite number >= 1")
-    if np.unique(L).size < 2:
-        raise FeaturelabError(f"depths={L.tolist()} has fewer than 2 distinct depths; the fit needs at least 2")
+    L, y = _depth_fit_inputs(depths, sq_norms)
     design = np.stack([np.ones_like(L), 1.0 / L], axis=1)
     target = y - rank * L
     coef, *_ = np.linalg.lstsq(design, target, rcond=1e-12)
