@@ -208,3 +208,24 @@ def test_adaptive_steps_are_updated_by_the_trainer_and_frozen_at_the_end():
 def test_bad_train_config_is_a_one_line_error():
     with pytest.raises(Exception, match="inverse_norm"):
         fl.TrainConfig(phases=[{"optimizer": "adam", "steps": 1, "lr": 1.0, "schedule": "inverse_norm"}])
+
+
+def test_lbfgs_polish_reaches_the_ridge_minimiser():
+    """A depth-1 MLP with a bias column is ridge regression: C + λ‖θ‖² = (1/N)‖Y − X̃Wᵀ‖² + λ‖W‖² with
+    X̃ = [X, 1] has the unique minimiser W* = YᵀX̃(X̃ᵀX̃ + λN I)⁻¹ (solved, not inverted). Columns scaled over
+    1.5 decades make unit trial steps fail the Armijo test, so the L-BFGS phase only gets there when its
+    line search may spend evaluations beyond the first trial (with none, it stalls 0.17 away), and only to
+    1e-8 when it keeps going while loss changes are above float64 rounding (torch's default tolerance of
+    1e-9 stops it 7e-6 away). 1e-8 is about the limit: a W error δ changes the O(1) loss by O(δ²)."""
+    g = torch.Generator().manual_seed(0)
+    N, lam = 60, 1e-3
+    X = torch.randn(N, 5, generator=g, dtype=torch.float64) * torch.logspace(0, 1.5, 5, dtype=torch.float64)
+    Y = torch.randn(N, 2, generator=g, dtype=torch.float64)
+    data = fl.Dataset(X, Y, X, Y)
+    Xt = torch.cat([X, torch.ones(N, 1, dtype=torch.float64)], 1)
+    W_star = torch.linalg.solve(Xt.T @ Xt + lam * N * torch.eye(6, dtype=torch.float64), Xt.T @ Y).T
+    model = fl.MLP(5, 2, 4, 1, bias=1.0, seed=0, dtype=torch.float64)
+    phases = [fl.Phase(optimizer="lbfgs", steps=200, lr=1.0, dtype="float64")]
+    fl.train(model, data, fl.TrainConfig(objective="mse", lam=lam, phases=phases, log_every=200), progress=False)
+    (W,) = model.weights  # stored layout: n_out x (n_in + 1), bias column last
+    torch.testing.assert_close(W.detach(), W_star, rtol=0, atol=1e-8)

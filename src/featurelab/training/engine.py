@@ -44,6 +44,8 @@ from .objectives import data_cost, error_rate
 from .phases import Phase, TrainConfig, TrainResult
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
+LBFGS_LINE_SEARCH = 25  # function evaluations one L-BFGS line search may spend (torch's max_ls default)
+LBFGS_TOLERANCE = 1e-15  # stop when g·d or a loss change falls below it (torch's 1e-9 stops float64 early)
 
 
 # ----------------------------------------------------------------------- what a model offers
@@ -669,6 +671,18 @@ def _lbfgs_closure(stack: _Stack, losses, X, Y, idx) -> torch.Tensor:
 
 
 def _lbfgs(phase: Phase, stack: _Stack) -> torch.optim.LBFGS:
+    """One L-BFGS iteration per training step, with a strong-Wolfe line search of up to 25 evaluations.
+
+    ``max_eval`` must be given: torch's default, ``max_iter * 5 // 4``, is 1 here, which leaves the line search
+    no evaluation beyond its first trial, so a step whose unit trial fails Armijo is never taken and L-BFGS
+    stalls for good."""
     return torch.optim.LBFGS(
-        list(stack.leaves.values()), lr=phase.lr, max_iter=1, history_size=50, line_search_fn="strong_wolfe"
+        list(stack.leaves.values()),
+        lr=phase.lr,
+        max_iter=1,
+        max_eval=LBFGS_LINE_SEARCH + 1,
+        tolerance_grad=0.0,
+        tolerance_change=LBFGS_TOLERANCE,
+        history_size=50,
+        line_search_fn="strong_wolfe",
     )
