@@ -377,8 +377,8 @@ def test_theorem31_on_optima_found_by_projected_gd():
     G = -v[:, None] * torch.tensor([[1.0, -0.5]], dtype=torch.float64)
     res = find_escape_directions(X, G, 4, 6, restarts=4, steps=2000, seed=1)
     check = theorem31_check(res.best()[1], X, G)
-    assert check["c"] < 1 and check["informative"] == [1, 2, 3, 4]
-    assert check["holds"] and max(check["B"]) < 1
+    assert check.c < 1 and check.informative == [1, 2, 3, 4]
+    assert check.passed and max(check.B) < 1
     top = float(torch.linalg.norm(X) * torch.linalg.norm(G))
     bad = theorem31_check(
         [
@@ -391,7 +391,7 @@ def test_theorem31_on_optima_found_by_projected_gd():
         G,
         s_star=top,
     )
-    assert check["B"][0] > 0 and bad["B"] == [0.0] * 4 and not bad["holds"]
+    assert check.B[0] > 0 and bad.B == [0.0] * 4 and not bad.passed and bad.measured > 0
 
 
 # ------------------------------------------------------------------------ bad input

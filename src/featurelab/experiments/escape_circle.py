@@ -108,9 +108,7 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         "trace_steps": list(range(0, res.trace.shape[0], every)),
         "trace": res.trace[::every].T.tolist(),
         "s2_s1_W1": w1,
-        "theorem31": None
-        if thm31 is None
-        else {k: thm31[k] for k in ("c", "s_star", "B", "excess", "holds", "informative")},
+        "theorem31": None if thm31 is None else theorem31_summary(thm31),
         "converged": res.converged.tolist(),
         "best_speed": speed,
         "best_L0": float(localized_loss(best, X, G)),
@@ -119,6 +117,18 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         "best_rank_Zsigma": [numerical_rank(a, rtol=1e-6) for a in act],
         "best_diagnostics": {k: diag[k] for k in ("r_W", "r_Z", "lin", "s2_s1")},
         "unhealthy": f"collapsed: every net dead (best escape speed {speed:.3g})" if dead else "",
+    }
+
+
+def theorem31_summary(check) -> dict:
+    """What a unit stores of `theorem31_check`: c, s*, B(ℓ), the largest excess, the verdict, informative layers."""
+    return {
+        "c": check.c,
+        "s_star": check.s_star,
+        "B": check.B,
+        "excess": check.measured,
+        "holds": check.passed,
+        "informative": check.informative,
     }
 
 

@@ -362,16 +362,34 @@ def second_singular_bound(r_bound: float) -> float:
     return math.sqrt(r_bound / (1 - r_bound)) if r_bound < 1 else math.inf
 
 
-def theorem31_check(weights, X, G, s_star: float | None = None) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class Theorem31Check(Check):
+    """Thm 3.1 as a `Check`: measured = the largest excess of a measured ratio over its bound (over the layers
+    and the ratios r_W, max(r_Z, lin) and s_2/s_1; -inf where every bound is infinite), bound = 0, atol 1e-12.
+
+    c, s_star: the theorem's constant and the speed used. B: [B(1)..B(L)]; s2_s1_bound: the bound on
+    s_2/s_1(W_ℓ) from B(ℓ); r_W, s2_s1 (ℓ = 1..L), r_Z, lin (ℓ = 1..L-1): the measured ratios;
+    informative: the layers with B(ℓ) < 1."""
+
+    c: float
+    s_star: float
+    B: list[float]
+    s2_s1_bound: list[float]
+    r_W: list[float]
+    r_Z: list[float]
+    lin: list[float]
+    s2_s1: list[float]
+    informative: list[int]
+
+
+def theorem31_check(weights, X, G, s_star: float | None = None) -> Theorem31Check:
     """Thm 3.1 (docs/theory/saddle-to-saddle.md §3.3) evaluated on a net θ, e.g. one found by projected GD or
     training: every r_W(ℓ), r_Z(ℓ), lin(ℓ) against B(ℓ), and s_2/s_1(W_ℓ) against `second_singular_bound`.
 
     s_star: the optimal speed; default speed(θ), which is s* when θ is an optimal escape direction (the
     theorem's hypothesis; for any other θ it is only a reading, and a smaller s gives a weaker bound).
     weights, X (``N x d_in``), G (``N x d_out``) as in `localized_loss`.
-    Returns {c, s_star, B: [B(1)..B(L)], s2_s1_bound, r_W, r_Z (ℓ = 1..L-1), lin, s2_s1, excess (max over
-    layers and ratios of measured - bound, -inf where all bounds are infinite), holds, informative (layers
-    with B(ℓ) < 1)}.
+    Returns a `Theorem31Check` (passed when every ratio is within its bound).
     """
     X = as_matrix("X", X)
     Ws = [W.detach() for W in as_weights(weights, X)]
@@ -386,19 +404,21 @@ def theorem31_check(weights, X, G, s_star: float | None = None) -> dict:
     excess += [max(r_Z[l], lin[l]) - B[l] for l in range(L - 1)]
     excess += [diag["s2_s1"][l] - second_singular_bound(B[l]) for l in range(L)]
     worst = max(excess)
-    return {
-        "c": c,
-        "s_star": s,
-        "B": B,
-        "s2_s1_bound": [second_singular_bound(b) for b in B],
-        "r_W": diag["r_W"],
-        "r_Z": r_Z,
-        "lin": lin,
-        "s2_s1": diag["s2_s1"],
-        "excess": worst,
-        "holds": worst <= 1e-12,
-        "informative": [l + 1 for l in range(L) if B[l] < 1],
-    }
+    return Theorem31Check(
+        passed=Check.holds(worst, 0.0, atol=1e-12),
+        measured=worst,
+        bound=0.0,
+        atol=1e-12,
+        c=c,
+        s_star=s,
+        B=list(B),
+        s2_s1_bound=[second_singular_bound(b) for b in B],
+        r_W=diag["r_W"],
+        r_Z=r_Z,
+        lin=lin,
+        s2_s1=diag["s2_s1"],
+        informative=[l + 1 for l in range(L) if B[l] < 1],
+    )
 
 
 # --------------------------------------------------------------------------- §3.4 Prop 3.4
