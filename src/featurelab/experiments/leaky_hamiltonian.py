@@ -3,7 +3,8 @@ across effective depths L̃ (docs/theory/leaky-resnets.md §3, §5.3-5.4; Jacot 
 
 One unit per L̃: train (leaky-bottleneck's model, data and phases, optionally a float64 L-BFGS polish,
 §5.2), then `geodesic_diagnostics` on the training set.
-quick: Part 1 §5.4 (teacher 10→3→10, N = 256, w = 40, L = 16 equidistant, λ = 0.02, Adam 15k cosine),
+quick: Part 1 §5.4 (teacher 10→3→10, N = 256, w = 40, L = 16 equidistant, λ = 0.02), leaky-bottleneck's quick
+schedule (Adam 20k cosine from 6e-3),
 L̃ ∈ {2, 5, 8}; claims Q1-Q7 (Q4 as F4's gap test) and the paper's stronger F1, F4 and F5 (Theorem 4 (b)), which
 may fail at this size (the residual r is reported next to ĥ).
 paper: Part 1 §5.2-5.3 (teacher 20→5→20, N = 1000, w = 200, L = 50 adaptive, λ = 0.002, Adam 20k + guarded
@@ -52,7 +53,7 @@ class Config(lb.Config):
 
 
 PRESETS = {
-    "quick": {},
+    "quick": dict(lb.PRESETS["quick"]),  # the L̃ = 8 unit is leaky-bottleneck's quick run
     "paper": {
         **lb.PRESETS["paper"],
         "effective_depth": None,
