@@ -34,12 +34,14 @@ from ..figures import plt
 from ..measurements.representations import layer_forces
 from ..measurements.sparsity import cp_rank_bounds, output_gram_root
 from ..models import MLP
-from ..training import TrainConfig
+from ..training import OptimizerConfig
 from .base import Analysis, Experiment, TrainingUnit
-from .width_plateau import adam_then_gd, shrink
+from .width_plateau import shrink
 
 
-class Config(ExperimentConfig):
+class Config(OptimizerConfig, ExperimentConfig):
+    """The graph, widths and trials; the schedule is an `OptimizerConfig` (Adam, then full-batch GD)."""
+
     construction_sizes: list[PositiveInt] = Field([4, 6, 8], min_length=1)
     dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
     onehot_sizes: list[PositiveInt] = Field([3, 5, 2], min_length=1)
@@ -84,12 +86,7 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
         seed=cfg.seed + 1000 * unit["trial"] + unit["width"],
         dtype=getattr(torch, cfg.dtype),
     )
-    phases = adam_then_gd(cfg.adam_steps, cfg.adam_lr, cfg.gd_steps, cfg.gd_lr)
-    return TrainingUnit(
-        model,
-        data,
-        TrainConfig(objective="mse", lam=cfg.lam, phases=phases, log_every=cfg.log_every, top_singular_values=0),
-    )
+    return TrainingUnit(model, data, cfg.train_config("mse", cfg.lam, top_singular_values=0))
 
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:

@@ -29,12 +29,13 @@ from ..figures import plt
 from ..measurements.representations import layer_forces, layers, principal_view
 from ..measurements.sparsity import class_separation, ray_share
 from ..models import MLP
-from ..training import TrainConfig
+from ..training import OptimizerConfig
 from .base import Analysis, Experiment, TrainingUnit
-from .width_plateau import adam_then_gd
 
 
-class Config(ExperimentConfig):
+class Config(OptimizerConfig, ExperimentConfig):
+    """The net, the data and λ; the schedule is an `OptimizerConfig` (Adam, then full-batch GD)."""
+
     dataset: Literal["digits", "mnist"] = "digits"
     dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
     n_train: int = Field(1000, ge=10)
@@ -78,14 +79,7 @@ def units(cfg: Config) -> list[dict]:
 
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg)
-    phases = adam_then_gd(cfg.adam_steps, cfg.adam_lr, cfg.gd_steps, cfg.gd_lr)
-    return TrainingUnit(
-        make_model(cfg, data),
-        data,
-        TrainConfig(
-            objective="cross_entropy", lam=cfg.lam, phases=phases, log_every=cfg.log_every, top_singular_values=0
-        ),
-    )
+    return TrainingUnit(make_model(cfg, data), data, cfg.train_config("cross_entropy", cfg.lam, top_singular_values=0))
 
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:

@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import Field, PositiveInt
 
 from ..claims import claim
 from ..config import ExperimentConfig
@@ -35,7 +35,7 @@ from ..measurements.representations import regularized_loss
 from ..measurements.sparsity import caratheodory_reduce, cp_rank_bounds, merge_aligned_neurons, output_gram_root
 from ..models import MLP
 from ..models.mlp import mlp_with_weights
-from ..training import Phase, TrainConfig
+from ..training import OptimizerConfig
 from ..training.objectives import data_cost, error_rate
 from ..training.plateaus import plateau_start
 from .base import Analysis, Experiment, TrainingUnit
@@ -43,10 +43,10 @@ from .base import Analysis, Experiment, TrainingUnit
 TAUS = (0.01, 0.025, 0.05, 0.10)
 
 
-class Sweep(BaseModel):
-    """One dataset's width sweep (Part 3 §5d)."""
+class Sweep(OptimizerConfig):
+    """One dataset's width sweep (Part 3 §5d) and its schedule of Part 3 §6: Adam (constant or cosine lr),
+    then full-batch GD (either may have 0 steps)."""
 
-    model_config = ConfigDict(extra="forbid")
     widths: list[PositiveInt] = Field(min_length=1)
     trials: int = Field(default=2, ge=1, le=1000)
     depth: int = Field(default=3, ge=2)
@@ -54,10 +54,8 @@ class Sweep(BaseModel):
     lam: float = Field(default=1e-3, gt=0)
     adam_steps: int = Field(default=2000, ge=0)
     adam_lr: float = Field(default=1e-2, gt=0)
-    adam_schedule: Literal["constant", "cosine"] = "constant"
     adam_lr_min: float = Field(default=1e-4, ge=0)
     gd_steps: int = Field(default=500, ge=0)
-    gd_lr: float = Field(default=0.05, gt=0)
     log_every: int = Field(default=500, ge=1)
 
 
@@ -161,23 +159,6 @@ def units(cfg: Config) -> list[dict]:
     ]
 
 
-def adam_then_gd(
-    adam_steps: int,
-    adam_lr: float,
-    gd_steps: int,
-    gd_lr: float,
-    schedule: Literal["constant", "cosine"] = "constant",
-    lr_min: float = 0.0,
-) -> list[Phase]:
-    """The schedule of Part 3 §6: Adam (constant or cosine lr), then full-batch GD (either may have 0 steps)."""
-    phases = []
-    if adam_steps:
-        phases.append(Phase(optimizer="adam", steps=adam_steps, lr=adam_lr, schedule=schedule, lr_min=lr_min))
-    if gd_steps:
-        phases.append(Phase(optimizer="sgd", steps=gd_steps, lr=gd_lr))
-    return phases
-
-
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     sweep: Sweep = getattr(cfg, unit["dataset"])
     data = make_data(cfg, unit["dataset"])
@@ -190,20 +171,7 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
         dtype=getattr(torch, cfg.dtype),
         seed=cfg.seed + 1000 * unit["trial"] + unit["width"],
     )
-    phases = adam_then_gd(
-        sweep.adam_steps, sweep.adam_lr, sweep.gd_steps, sweep.gd_lr, sweep.adam_schedule, sweep.adam_lr_min
-    )
-    return TrainingUnit(
-        model,
-        data,
-        TrainConfig(
-            objective=OBJECTIVE[unit["dataset"]],
-            lam=sweep.lam,
-            phases=phases,
-            log_every=sweep.log_every,
-            top_singular_values=0,
-        ),
-    )
+    return TrainingUnit(model, data, sweep.train_config(OBJECTIVE[unit["dataset"]], sweep.lam, top_singular_values=0))
 
 
 def shrink(model, data: Dataset, objective: str, lam: float) -> dict:

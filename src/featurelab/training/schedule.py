@@ -1,8 +1,10 @@
 """`OptimizerConfig`: the optimizer part of an experiment config, declared once (Adam, then full-batch GD,
 then an optional float64 L-BFGS polish) and turned into the trainer's `Phase`s and `TrainConfig`.
 
-An experiment config embeds it as a field, ``optimizer: OptimizerConfig = OptimizerConfig(adam_steps=...)``;
-presets and ``--set optimizer.adam_lr=1e-3`` then address its keys.
+An experiment config inherits it (``class Config(OptimizerConfig, ExperimentConfig)``, as `forces` and `cp-rank`
+do, redeclaring the defaults it wants; presets and ``--set adam_lr=1e-3`` address its keys), or holds one per
+part (`width-plateau`'s per-dataset `Sweep`: ``--set digits.adam_lr=1e-3``), or embeds it as a field
+(``--set optimizer.adam_lr=1e-3``). ``cfg.train_config(objective, lam)`` then builds the `TrainConfig`.
 """
 
 from __future__ import annotations
