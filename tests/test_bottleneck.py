@@ -9,6 +9,7 @@ from featurelab import MLP, FeaturelabError
 from featurelab.measurements import (
     balancedness_residual,
     bottleneck_rank,
+    corollary8_check,
     jacobian,
     jacobian_ranks,
     layer_proxy,
@@ -59,6 +60,50 @@ def test_proxy_is_zero_on_partial_isometries(gen):
     assert layer_proxy(torch.diag(torch.tensor([2.0, 0.5, 0.1], dtype=torch.float64)), 1) == pytest.approx(
         1 + 0.25 + 0.01
     )
+
+
+def near_bottleneck_net(gen, k, width, depth, eps, bias=1.0):
+    """A ReLU MLP 4 -> 4 whose weights are eps-perturbed rank-k partial isometries V_ℓV_{ℓ−1}ᵀ with non-negative
+    V (disjoint supports, so ReLU passes the k-dim signal of non-negative inputs): a real bottleneck, small S."""
+    net = random_net(gen, leak=0.0, bias=bias, depth=depth, widths=[width] * (depth - 1), d_in=4, d_out=4)
+    dims = [4] + [width] * (depth - 1) + [4]
+    V = []
+    for n in dims:
+        v = torch.zeros(n, k, dtype=torch.float64)
+        v[torch.randperm(n, generator=gen)[:k], torch.arange(k)] = 1.0
+        V.append(v)
+    with torch.no_grad():
+        for l, W in enumerate(net.weights):
+            noise = torch.randn(dims[l + 1], dims[l], generator=gen, dtype=torch.float64)
+            W[:, : dims[l]] = V[l + 1] @ V[l].T + eps * noise
+            W[:, -1] = eps * torch.rand(dims[l + 1], generator=gen, dtype=torch.float64)
+    return net
+
+
+def test_corollary8_bound_follows_from_the_theorem6_proxy(gen):
+    """Cor. 8's explicit form: per layer s_{k+1}(α̃_ℓ/√N) <= s_1([α_{ℓ−1}, β]/√N)·√(e_ℓ(k) + ‖c_ℓ‖²) (Horn, Weyl),
+    computed here from `theorem6_check`'s proxies at the sample that sets S; Markov then leaves fewer than
+    pL layers above √(S/(pL))·s_1(...). Random nets, and near-bottleneck nets whose middle tails are small."""
+    for trial in range(24):
+        near = trial % 2 == 1
+        net = near_bottleneck_net(gen, 2, 8, 8, 1e-3) if near else random_net(gen, leak=0.0, d_out=2)
+        X = torch.rand(40, 4, generator=gen, dtype=torch.float64) + (0.5 if near else -0.5)  # >= 0 for the near nets
+        k = int(jacobian_ranks(net, X).max())
+        if k == 0:  # a dead random ReLU net: Cor. 8 needs a sample of positive rank
+            continue
+        c8 = corollary8_check(net, X, k)
+        assert c8.passed and c8.measured >= 0.75 and c8.S >= 0
+        J = jacobian(net, X)
+        two_lp = 2 * torch.log(torch.linalg.svdvals(J)[:, :k]).sum(1)
+        best = int(torch.where(jacobian_ranks(net, X) == k, two_lp, torch.full_like(two_lp, -torch.inf)).argmax())
+        t6 = theorem6_check(net, X[best], k)
+        assert c8.S == pytest.approx(t6.bound, rel=1e-12)
+        bias_sq = [float((W[:, -1] ** 2).sum()) for W in net.weights]
+        for tail, a, e, b in zip(c8.tail, c8.input_norm, t6.proxies, bias_sq):
+            assert tail <= a * (e + b) ** 0.5 * (1 + 1e-9) + 1e-12
+        assert sum(e + b > c8.S / (0.25 * net.depth) for e, b in zip(t6.proxies, bias_sq)) < 0.25 * net.depth
+        if near:  # a real bottleneck: rank 2 and small tails in the middle layers, where rounding could bite
+            assert k == 2 and max(c8.tail[2:-2]) < 1e-2
 
 
 # ---------------------------------------------------------------------------- fact 8

@@ -177,6 +177,77 @@ def theorem6_check(model, X, k: int | None = None, *, p: float = 0.25, rtol: flo
     )
 
 
+# ---------------------------------------------------------------------------------- Corollary 8
+@dataclass(frozen=True, kw_only=True)
+class Corollary8Check(Check):
+    """Part 2 §2.4 Cor. 8 in our explicit form, on N samples.
+
+    The `Check`: measured = share of the L layers with ``s_{k+1}(α̃_ℓ(X)/√N) <= rhs_ℓ``, bound = 1 − p
+    (relation ">="; it holds for every θ, by the proof in docs/theory/bottleneck-rank.md §2.4).
+    k, p: the rank and the share parameter.  S: ``‖θ‖² − kL − max 2log|Jf(x)|_+`` over the samples of Jacobian
+    rank k.  tail: ``s_{k+1}(α̃_ℓ(X)/√N)`` per layer (L,).  input_norm: ``s_1([α_{ℓ−1}(X), β1]/√N)`` per layer.
+    rhs: ``√(S/(pL))·input_norm`` per layer.  constant: ``√(S/p)·max_ℓ input_norm``, so ``tail·√L <= constant``
+    in the layers that pass: Cor. 8's O(L^{-1/2}) with its constant.
+    """
+
+    k: int
+    p: float
+    S: float
+    tail: list[float]
+    input_norm: list[float]
+    rhs: list[float]
+    constant: float
+
+
+def corollary8_check(model, X, k: int, *, p: float = 0.25, rtol: float = 1e-3) -> Corollary8Check:
+    """Cor. 8 with explicit constants (docs/theory/bottleneck-rank.md §2.4): in at least (1 − p)L layers,
+
+        s_{k+1}(α̃_ℓ(X)/√N) <= √(S/(pL)) · s_1([α_{ℓ−1}(X), β1]/√N),   S = ‖θ‖² − kL − 2 log|Jf(x)|_+,
+
+    for any θ and any sample x of Jacobian rank k (the one with the largest |Jf(x)|_+ is used: the smallest S).
+    Horn's inequality splits α̃_ℓ = [α_{ℓ−1}, β1]W̃_ℓᵀ, Weyl's puts the bias column into the weight proxy
+    e_ℓ(k) of `theorem6_check`, and Markov's inequality on Σ_ℓ(e_ℓ(k) + ‖b_ℓ‖²) <= S counts the layers.
+    model: `MLP` (|a| <= 1); X: ``N x d_in`` (rows are samples); k: the rank class; p in (0, 1); numerical
+    Jacobian ranks use the relative `rtol`.
+    """
+    model = _check_mlp(model)
+    X = as_matrix("X", X)
+    int_at_least("k", k, 1)
+    if not 0 < p < 1:
+        raise FeaturelabError(f"p={p!r} is not allowed: it must be in (0, 1)")
+    s = torch.linalg.svdvals(jacobian(model, X))
+    if k > s.shape[1]:
+        raise FeaturelabError(f"k={k} is not allowed: the Jacobian has only {s.shape[1]} singular values")
+    at_k = (2 * torch.log(s[:, :k]).sum(1))[jacobian_ranks(model, X, rtol=rtol) == k]
+    if not at_k.numel():
+        raise FeaturelabError(f"no sample of X has Jacobian rank k={k} (relative rtol={rtol:g}); Cor. 8 needs one")
+    L = model.depth
+    S = _sq_norm(model) - k * L - float(at_k.max())
+    net = float64_copy(model).to(X.device)
+    out = net(X.to(torch.float64), return_layers=True)
+    N = X.shape[0]
+    tail = [
+        float(svals[k]) if svals.numel() > k else 0.0 for svals in (torch.linalg.svdvals(z / N**0.5) for z in out.pre)
+    ]
+    norms = [float(torch.linalg.matrix_norm(net.with_bias(a) / N**0.5, ord=2)) for a in out.act]
+    scale = (max(S, 0.0) / (p * L)) ** 0.5
+    rhs = [scale * a for a in norms]
+    share = float(np.mean([t <= r * (1 + ROUNDING) + ROUNDING for t, r in zip(tail, rhs)]))
+    return Corollary8Check(
+        passed=Check.holds(share, 1 - p, ">="),
+        measured=share,
+        bound=1 - p,
+        relation=">=",
+        k=k,
+        p=p,
+        S=S,
+        tail=tail,
+        input_norm=norms,
+        rhs=rhs,
+        constant=(max(S, 0.0) / p) ** 0.5 * max(norms),
+    )
+
+
 # ------------------------------------------------------------------------------ balancedness
 def _in_out(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per hidden layer ℓ = 1..L-1: (‖W_ℓ[i,:]‖² with the bias column, ‖W_{ℓ+1}[:,i]‖²) per neuron i."""
