@@ -175,6 +175,9 @@ CALLS = {
     "representation_spectra": lambda d: fm.representation_spectra(_mlp().to(d), _on(d, _x(6, 3))),
     "theorem3_check": lambda d: fm.theorem3_check(_mlp().to(d), _on(d, _x(6, 3)), 0.0, 1),
     "theorem6_check": lambda d: fm.theorem6_check(_mlp().to(d), _on(d, _x(1, 3)[0])),
+    "corollary8_check": lambda d: fm.corollary8_check(
+        _mlp().to(d), _on(d, _x(6, 3)), int(fm.jacobian_ranks(_mlp().to(d), _on(d, _x(6, 3))).max())
+    ),
     "theorem7_check": lambda d: fm.theorem7_check(fm.rebalance(_mlp().to(d)), _on(d, _x(1, 3)[0])),
     "jacobian": lambda d: fm.jacobian(_mlp().to(d), _on(d, _x(4, 3))),
     "jacobian_ranks": lambda d: fm.jacobian_ranks(_mlp().to(d), _on(d, _x(4, 3))),
