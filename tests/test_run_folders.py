@@ -378,6 +378,9 @@ def no_folder_left(run: Path) -> bool:
         ("relu-noninvariance", "quick", "etas=[-0.1,0.1]", {}, "etas.0=-0.1 is not allowed"),
         ("invariances", "quick", "archs=[foo]", {}, "archs=['foo'] is not allowed"),
         ("width-plateau", "paper", "", {}, "mnist path is not set"),
+        ("forces", "paper", "", {}, "mnist path is not set"),
+        ("forces", "tiny", "", {"overrides": {"dataset": "mnist", "mnist_path": "/no/mnist"}}, "does not exist"),
+        ("saddle-mnist", "quick", "", {}, "mnist path is not set"),
         ("bn-rank-depth", "quick", "width=1000000", {}, "would need about"),
     ],
 )

@@ -14,10 +14,11 @@ paper (ours; the paper's settings were lost): d = 20, N = 500, width 100, L ∈ 
 λ ∈ {1e-3, 3e-3, 1e-2}, 30k steps.
 Claims: each fitted class's slope is within 15% of its rank; recovering minima are more common at the
 largest depth than at the smallest; Theorem 3 on the trained minima: the class's depth-fit intercept R̂⁽¹⁾
-(slope fitted, not set to k) exceeds max_x 2 log|Jf(x)|_+ over its rank-k points (median(‖θ‖² − kL) >= that max is
-implied for any θ by the exact bound, so it is reported, not claimed); Cor. 8 in explicit form (`corollary8_check`): in at least
-(1 − p)L layers of every net s_{k+1}(α̃_ℓ(X)/√N) <= √(S/(pL))·s_1([α_{ℓ−1}(X), β]/√N), the O(L^{-1/2}) with its
-constant, which is reported by L beside the measured s_{k+1}·√L; the exact bound ‖θ‖² >= L Σ s_i(Jf(x))^{2/L} holds at every training point.
+(slope fitted, not set to k) exceeds max_x 2 log|Jf(x)|_+ over its rank-k points (median(‖θ‖² − kL) >= that
+max is implied for any θ by the exact bound, so it is reported, not claimed); Cor. 8 in explicit form
+(`corollary8_check`): in at least (1 − p)L layers of every net s_{k+1}(α̃_ℓ(X)/√N) <= √(S/(pL))·s_1([α_{ℓ−1}(X),
+β]/√N), the O(L^{-1/2}) with its constant, reported by L beside the measured s_{k+1}·√L; the exact bound
+‖θ‖² >= L Σ s_i(Jf(x))^{2/L} holds at every training point.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ shares 0.06 and 0.44).
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 import numpy as np
@@ -25,6 +24,7 @@ from pydantic import Field
 from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import digits, mnist
+from ..data.mnist import mnist_path
 from ..figures import plt
 from ..measurements.representations import layer_forces, layers, principal_view
 from ..measurements.sparsity import class_separation, ray_share
@@ -64,7 +64,13 @@ PRESETS = {
 def make_data(cfg: Config):
     if cfg.dataset == "digits":
         return digits(cfg.n_train, seed=cfg.seed)
-    return mnist(cfg.mnist_path or os.environ.get("FEATURELAB_MNIST"))
+    return mnist(cfg.mnist_path)
+
+
+def check(cfg: Config) -> None:
+    """The MNIST files must exist before anything is written."""
+    if cfg.dataset == "mnist":
+        mnist_path(cfg.mnist_path)
 
 
 def make_model(cfg: Config, data) -> MLP:
@@ -202,6 +208,7 @@ EXPERIMENT = Experiment(
     config=Config,
     presets=PRESETS,
     units=units,
+    check=check,
     build=build,
     finish=finish,
     analyze=analyze,

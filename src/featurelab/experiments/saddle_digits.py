@@ -39,6 +39,7 @@ from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import digits, mnist
 from ..data.dataset import Dataset
+from ..data.mnist import mnist_path
 from ..figures import plt
 from ..measurements.escape import cross_entropy_gradient, escape_speed, tail_ratio
 from ..models import MLP
@@ -132,6 +133,12 @@ class SaddleLog:
         for l, W in enumerate(Ws, start=1):
             row[f"rW{l}"] = tail_ratio(W)
         row["speed"] = escape_speed(Ws, self.X, self.G)
+
+
+def check(cfg: Config) -> None:
+    """The MNIST files must exist before anything is written."""
+    if cfg.dataset == "mnist":
+        mnist_path(cfg.mnist_path)
 
 
 def make_data(cfg: Config) -> Dataset:
@@ -472,6 +479,7 @@ EXPERIMENT = Experiment(
     config=Config,
     presets=DIGITS_PRESETS,
     units=units,
+    check=check,
     build=build,
     finish=finish,
     analyze=analyze,
@@ -486,6 +494,7 @@ MNIST_EXPERIMENT = Experiment(
     config=MnistConfig,
     presets=MNIST_PRESETS,
     units=units,
+    check=check,
     build=build,
     finish=finish,
     analyze=analyze,

@@ -18,7 +18,6 @@ For classification the analysis also computes Prop. 14's width bound for the one
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 import numpy as np
@@ -141,13 +140,13 @@ def make_data(cfg: Config, dataset: str) -> Dataset:
         return digits(cfg.digits_n_train, seed=cfg.seed)
     if dataset == "teacher":
         return teacher_data(cfg)
-    return mnist(cfg.mnist_path or os.environ.get("FEATURELAB_MNIST"))
+    return mnist(cfg.mnist_path)
 
 
 def check(cfg: Config) -> None:
     """The MNIST files must exist before any unit runs."""
     if "mnist" in cfg.datasets:
-        mnist_path(cfg.mnist_path or os.environ.get("FEATURELAB_MNIST"))
+        mnist_path(cfg.mnist_path)
 
 
 def units(cfg: Config) -> list[dict]:
