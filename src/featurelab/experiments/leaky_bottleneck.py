@@ -3,7 +3,8 @@ bottleneck in its middle layers (docs/theory/leaky-resnets.md §5; Jacot & Kaise
 
 quick: Part 1 §5.4 at L̃ = 8 (teacher 10→3→10, N = 256, w = 40, L = 16, λ = 0.02), Adam 20k cosine from lr 6e-3
 (the defaults, 15k from 3e-3, stop before the bottleneck's edge layers separate: docs/leaky-resnets.md).
-paper: Part 1 §5.2 (teacher 20→5→20, N = 1000, w = 200, L = 50, λ = 0.002, adaptive ρ, L̃ = 5,
+paper: Part 1 §5.2 (teacher 20→5→20, N = 1000, w = 200, L = 50, λ = 0.04 (the paper's 0.002 under its mean over
+N·d_out), adaptive ρ, L̃ = 5,
 Adam 20k at lr 1e-3 cosine-decayed to 1e-5 **[ours]**, then 10k steps of guarded GD at the smaller lr 1e-4, as
 App. B: "briefly SGD with a smaller learning rate").
 Claim `f4-bottleneck-gap` (Jacot & Kaiser Fig. 1, App. B "a clear separation between k* large values"; Part 1
@@ -94,7 +95,7 @@ PRESETS = {
         "depth": 50,
         "effective_depth": 5.0,
         "steps": "adaptive",
-        "lam": 0.002,
+        "lam": 0.04,  # the paper's λ = 0.002 with its "Mean Squared Error" (÷ d_out = 20): docs/leaky-resnets.md
         "adam_steps": 20000,  # App. B: "20000 epochs" (full batch: one step each)
         "adam_lr": 1e-3,
         "adam_schedule": "cosine",  # [ours] at a constant lr the penalty was still falling after 20k steps

@@ -7,8 +7,9 @@ quick: Part 1 §5.4 (teacher 10→3→10, N = 256, w = 40, L = 16 equidistant, �
 schedule (Adam 20k cosine from 6e-3),
 L̃ ∈ {2, 5, 8}; claims Q1-Q7 (Q4 as F4's gap test) and the paper's stronger F1, F4 and F5 (Theorem 4 (b)), which
 may fail at this size (the residual r is reported next to ĥ).
-paper: Part 1 §5.2-5.3 (teacher 20→5→20, N = 1000, w = 200, L = 50 adaptive, λ = 0.002, Adam 20k + guarded
-GD 10k + 500 L-BFGS steps **[ours]**), L̃ ∈ {1, 2, 3, 4, 5, 6, 7.5, 10}; claims F1-F5 and Fig. 3.
+paper: Part 1 §5.2-5.3 (teacher 20→5→20, N = 1000, w = 200, L = 50 adaptive, λ = 0.04 as leaky-bottleneck's
+paper preset, Adam 20k + guarded GD 10k + 500 L-BFGS steps **[ours]**), L̃ ∈ {1, 2, 3, 4, 5, 6, 7.5, 10};
+claims F1-F5 and Fig. 3.
 """
 
 from __future__ import annotations
