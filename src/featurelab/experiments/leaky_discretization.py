@@ -3,7 +3,7 @@
 
 One unit per (L, scheme, seed): train leaky-bottleneck's model on the 30→6→3→30 random-ResNet teacher with
 effective depth L̃ = 3; a seed sets teacher, data and init, so the schemes are compared on identical tasks.
-quick **[ours, uncalibrated]**: N = 512 (+512 test), w = 32, L ∈ {4, 8, 16}, 3 seeds, λ = 0.02, Adam 4000 steps
+quick **[ours, uncalibrated]**: N = 512 (+512 test), w = 32, L ∈ {4, 8, 16}, 3 seeds, λ = 0.06, Adam 4000 steps
 cosine (N = 256 overfits this 30-dimensional task: test MSE ≈ 17 of 30 against ≈ 8 at N = 512).
 paper: Part 1 §5.2-5.3 (N = 1000, w = 200, L ∈ {4, 6, ..., 22}, 3 seeds **[ours]**, λ = 0.06 (the paper's 0.002
 under its mean over N·d_out), leaky-bottleneck's paper schedule: Adam 20k, then guarded GD 10k at a smaller lr).
@@ -46,7 +46,7 @@ class Config(lb.Config):
     steps: Literal["equidistant", "irregular", "adaptive"] | None = Field(None, description="set per unit")
     schemes: list[Literal["equidistant", "irregular", "adaptive"]] = Field(list(SCHEMES), min_length=1)
     n_seeds: int = Field(3, ge=1, le=1000)
-    lam: float = Field(0.02, gt=0)
+    lam: float = Field(0.06, gt=0)  # 0.002·d_out, the paper's λ in our normalisation (docs/leaky-resnets.md)
     adam_steps: int = Field(4000, ge=0)
     reference_depth: int = Field(16, ge=1, description="L of the spectra and PCA figures")
     pca_points: int = Field(50, ge=1)
