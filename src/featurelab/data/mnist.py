@@ -60,6 +60,14 @@ def mnist_path(path: str | Path | None = None) -> Path:
     return p
 
 
+def require_mnist(cfg) -> None:
+    """An experiment's pre-flight check: when its config names "mnist" in ``dataset`` (one name) or
+    ``datasets`` (a list), the files at ``cfg.mnist_path`` must exist before anything is written."""
+    names = cfg.datasets if hasattr(cfg, "datasets") else [cfg.dataset]
+    if "mnist" in names:
+        mnist_path(cfg.mnist_path)
+
+
 def mnist(path: str | Path | None = None, normalize: str = "standardize") -> Dataset:
     """MNIST as a classification `Dataset` (X: N x 784 float64, Y: N int64 labels, 10 classes).
 

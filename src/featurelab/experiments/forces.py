@@ -24,7 +24,7 @@ from pydantic import Field
 from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import digits, mnist
-from ..data.mnist import mnist_path
+from ..data.mnist import require_mnist
 from ..figures import plt
 from ..measurements.representations import layer_forces, layers, principal_view
 from ..measurements.sparsity import class_separation, ray_share
@@ -65,12 +65,6 @@ def make_data(cfg: Config):
     if cfg.dataset == "digits":
         return digits(cfg.n_train, seed=cfg.seed)
     return mnist(cfg.mnist_path)
-
-
-def check(cfg: Config) -> None:
-    """The MNIST files must exist before anything is written."""
-    if cfg.dataset == "mnist":
-        mnist_path(cfg.mnist_path)
 
 
 def make_model(cfg: Config, data) -> MLP:
@@ -208,7 +202,7 @@ EXPERIMENT = Experiment(
     config=Config,
     presets=PRESETS,
     units=units,
-    check=check,
+    check=require_mnist,
     build=build,
     finish=finish,
     analyze=analyze,

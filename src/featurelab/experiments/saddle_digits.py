@@ -39,7 +39,7 @@ from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import digits, mnist
 from ..data.dataset import Dataset
-from ..data.mnist import mnist_path
+from ..data.mnist import require_mnist
 from ..figures import plt
 from ..measurements.escape import cross_entropy_gradient, escape_speed, tail_ratio
 from ..models import MLP
@@ -133,12 +133,6 @@ class SaddleLog:
         for l, W in enumerate(Ws, start=1):
             row[f"rW{l}"] = tail_ratio(W)
         row["speed"] = escape_speed(Ws, self.X, self.G)
-
-
-def check(cfg: Config) -> None:
-    """The MNIST files must exist before anything is written."""
-    if cfg.dataset == "mnist":
-        mnist_path(cfg.mnist_path)
 
 
 def make_data(cfg: Config) -> Dataset:
@@ -479,7 +473,7 @@ EXPERIMENT = Experiment(
     config=Config,
     presets=DIGITS_PRESETS,
     units=units,
-    check=check,
+    check=require_mnist,
     build=build,
     finish=finish,
     analyze=analyze,
@@ -494,7 +488,7 @@ MNIST_EXPERIMENT = Experiment(
     config=MnistConfig,
     presets=MNIST_PRESETS,
     units=units,
-    check=check,
+    check=require_mnist,
     build=build,
     finish=finish,
     analyze=analyze,

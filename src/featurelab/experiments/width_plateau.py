@@ -28,7 +28,7 @@ from pydantic import Field, PositiveInt
 from ..claims import claim
 from ..config import ExperimentConfig
 from ..data import Dataset, digits, mnist
-from ..data.mnist import mnist_path
+from ..data.mnist import require_mnist
 from ..figures import plt
 from ..measurements.representations import regularized_loss
 from ..measurements.sparsity import caratheodory_reduce, cp_rank_bounds, merge_aligned_neurons, output_gram_root
@@ -141,12 +141,6 @@ def make_data(cfg: Config, dataset: str) -> Dataset:
     if dataset == "teacher":
         return teacher_data(cfg)
     return mnist(cfg.mnist_path)
-
-
-def check(cfg: Config) -> None:
-    """The MNIST files must exist before any unit runs."""
-    if "mnist" in cfg.datasets:
-        mnist_path(cfg.mnist_path)
 
 
 def units(cfg: Config) -> list[dict]:
@@ -422,7 +416,7 @@ EXPERIMENT = Experiment(
     config=Config,
     presets=PRESETS,
     units=units,
-    check=check,
+    check=require_mnist,
     build=build,
     finish=finish,
     analyze=analyze,
