@@ -38,6 +38,22 @@ def leaky_relu(x: torch.Tensor, leak: float) -> torch.Tensor:
     return torch.where(x > 0, x, leak * x)
 
 
+def affine(a: torch.Tensor, W: torch.Tensor, beta: float) -> torch.Tensor:
+    """``[a, β·1] @ Wᵀ`` in one BLAS call (addmm, or baddbmm for stacked members), without building
+    ``[a, β·1]``: W's last column is the bias when β > 0.
+
+    a: ``N x n`` or ``M x N x n``; W: ``m x (n+1)`` (``m x n`` when β = 0), or ``M x m x (n+1)`` stacked.
+    """
+    if beta == 0:
+        return a @ W.mT
+    weight, bias = W[..., :-1].mT, W[..., -1:].mT  # (M x) n x m, (M x) 1 x m
+    if W.dim() == 3:
+        return torch.baddbmm(bias, a.expand(W.shape[0], *a.shape[-2:]), weight, beta=beta)
+    if a.dim() == 2:
+        return torch.addmm(bias, a, weight, beta=beta)
+    return a @ weight + beta * bias
+
+
 class MLP(nn.Module):
     """Deep fully-connected network of `depth` weight matrices (docs/theory/bottleneck-rank.md §1, Part 3 §1).
 
@@ -141,7 +157,7 @@ class MLP(nn.Module):
         ``act = [Zσ_0 = X, Zσ_1, ..., Zσ_{L-1}]`` (activations without the bias column)."""
         a, pre, act = X, [], [X]
         for l, W in enumerate(self.weights, start=1):
-            z = self.with_bias(a) @ W.mT
+            z = affine(a, W, self.bias)
             pre.append(z)
             if l < self.depth:
                 a = self.sigma(z, l)
