@@ -37,6 +37,25 @@ def test_mlp_matches_numpy_reference_rows_are_samples(bias, leak):
     assert torch.equal(fwd.act[0], X) and torch.equal(fwd.output, out)
 
 
+@pytest.mark.parametrize("bias", [0.0, 0.7])
+@pytest.mark.parametrize("per_member_inputs", [False, True])
+def test_stacked_mlp_forward_matches_numpy_per_member(bias, per_member_inputs):
+    """The ensembles' forward: weights stacked M x n_l x (n_{l-1}+1), inputs shared (N x d) or per member."""
+    models = [fl.MLP(5, 3, [7, 4], depth=3, leak=0.2, bias=bias, seed=s, dtype=torch.float64) for s in range(3)]
+    with torch.no_grad():
+        for m in models:
+            for W in m.weights:
+                W.add_(0.1 * torch.randn_like(W))
+    stacked = {f"weights.{l}": torch.stack([m.weights[l].detach() for m in models]) for l in range(3)}
+    X = torch.randn(3, 11, 5, dtype=torch.float64) if per_member_inputs else torch.randn(11, 5, dtype=torch.float64)
+    out = torch.func.functional_call(models[0], stacked, (X,))
+    assert out.shape == (3, 11, 3)
+    for i, m in enumerate(models):
+        Xi = X[i] if per_member_inputs else X
+        ref = numpy_mlp([W.detach().numpy() for W in m.weights], Xi.numpy(), bias, 0.2)
+        np.testing.assert_allclose(out[i].detach().numpy(), ref, rtol=1e-12, atol=1e-12)
+
+
 def test_linear_mlp_is_the_product_of_its_weights():
     model = fl.MLP(4, 2, 6, depth=4, leak=1.0, bias=0.0, seed=1, dtype=torch.float64)
     X = torch.randn(9, 4, dtype=torch.float64)

@@ -29,6 +29,10 @@ def test_cross_entropy_and_logistic_against_hand_formulas():
     out, y = torch.randn(6, 4, dtype=torch.float64), torch.tensor([0, 3, 1, 1, 2, 0])
     hand = np.mean([math.log(sum(math.exp(v) for v in row)) - row[c] for row, c in zip(out.tolist(), y.tolist())])
     assert data_cost("cross_entropy", out, y).item() == pytest.approx(hand, rel=1e-12)
+    stacked = torch.stack([out, 2 * out, -out])  # M x N x C members: one cost each, shared or per-member labels
+    for labels in (y, torch.stack([y, y.flip(0), y])):
+        per_member = [data_cost("cross_entropy", o, l).item() for o, l in zip(stacked, labels.expand(3, -1))]
+        np.testing.assert_allclose(data_cost("cross_entropy", stacked, labels).numpy(), per_member, rtol=1e-12)
     f, s = torch.tensor([[0.3], [-2.0], [40.0]], dtype=torch.float64), torch.tensor([1.0, 1.0, -1.0])
     hand = np.mean([math.log1p(math.exp(-m)) for m in (0.3, -2.0)] + [40.0 + math.log1p(math.exp(-40.0))])
     assert data_cost("logistic", f, s).item() == pytest.approx(hand, rel=1e-12)
