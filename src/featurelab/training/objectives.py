@@ -35,10 +35,11 @@ def data_cost(objective: str, out: torch.Tensor, Y: torch.Tensor) -> torch.Tenso
     if objective == "cross_entropy":
         if Y.dtype not in (torch.int64, torch.int32):
             raise FeaturelabError("objective='cross_entropy' needs integer class labels as targets")
-        if out.dim() == 2:
-            return F.cross_entropy(out, Y.long())
-        # classes along dim 1 of an M x C x N view: torch's fastest layout for many small rows on a CPU
-        return F.cross_entropy(out.mT, Y.long().expand(out.shape[:-1]), reduction="none").mean(-1)
+        # classes along dim 1 of an (M x) C x N view: on a CPU torch's kernel then runs along the samples, about
+        # twice faster than over 10 contiguous classes per row
+        stacked = out if out.dim() == 3 else out[None]
+        cost = F.cross_entropy(stacked.mT, Y.long().expand(stacked.shape[:-1]), reduction="none").mean(-1)
+        return cost if out.dim() == 3 else cost[0]
     if objective == "logistic":
         f = out.reshape(*out.shape[:-2], -1) if out.dim() >= 2 else out
         margin = Y.to(out.dtype).reshape(f.shape if Y.numel() == f.numel() else f.shape[-1:]) * f
