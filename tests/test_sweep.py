@@ -138,3 +138,50 @@ def test_bad_backend_and_missing_ray_are_one_line_errors(tmp_path, monkeypatch):
         ray_backend.connect()
     with pytest.raises(FeaturelabError, match="only='x' is not allowed"):
         run_bench(only=["x"], out=tmp_path / "bench.json")
+
+
+class _Square(torch.nn.Module):
+    """f(X) = (X Wᵀ)²: the product saves its operand h = X Wᵀ twice, the matmul saves X, the cost
+    ``((f - Y)**2)`` saves f - Y, the penalty ``W**2`` saves W."""
+
+    def __init__(self, d: int, m: int):
+        super().__init__()
+        self.W = torch.nn.Parameter(torch.randn(m, d, dtype=torch.float64))
+
+    def forward(self, X):
+        h = X @ self.W.mT
+        return h * h
+
+    def penalty(self, lam):
+        return lam / 2 * (self.W**2).sum()
+
+
+def test_member_bytes_counts_each_saved_storage_once():
+    """The estimate that sizes GPU ensembles: X (N x d), h and f - Y (N x m each), W (m x d) are the saved
+    storages, h once although the product saves it twice; then parameters, gradient, two Adam moments, data."""
+    from featurelab.data import Dataset
+    from featurelab.runs.sweep import member_bytes
+
+    N, d, m = 50, 7, 3
+    g = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(N, d, generator=g, dtype=torch.float64), torch.randn(N, m, generator=g, dtype=torch.float64)
+    job = TrainingUnit(
+        _Square(d, m), Dataset(X, Y, X[:0], Y[:0]), TrainConfig(lam=0.1, phases=[Phase(steps=1, lr=0.1)])
+    )
+    saved = 8 * (N * d + 2 * N * m + m * d)
+    assert member_bytes(job) == saved + 4 * 8 * m * d + 8 * N * (d + m)
+
+
+def test_cuda_sweep_packs_each_group_into_what_fits_the_free_memory(tmp_path, monkeypatch):
+    """On CUDA a group of same-shape units is cut into ensembles of floor(0.8·free / member_bytes) members."""
+    from featurelab.runs import sweep
+
+    cfg = SeedsConfig()
+    pending = units(cfg)  # 4 units of one ensemble key
+    need = sweep.member_bytes(build(cfg, pending[0]))
+    for free_members, sizes in ((10, [4]), (2.5, [2, 2]), (1.9, [1, 1, 1, 1]), (0.1, [1, 1, 1, 1])):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, f=free_members: (int(f * need / 0.8), 0))
+        items, built = sweep.plan(SEEDS, cfg, pending, tmp_path, batch=True, workers=1, device="cuda")
+        assert [len(item) for item in items] == sizes
+        assert [u["id"] for item in items for u in item] == [u["id"] for u in pending]
+        assert sorted(built) == sorted(u["id"] for u in pending)

@@ -114,17 +114,19 @@ def finished(run_dir: Path, unit_id: str, cfg: ExperimentConfig) -> dict | None:
 
 
 def member_bytes(job) -> int:
-    """Device memory one member of an ensemble needs: the tensors autograd saves in one forward pass
-    (measured on the CPU with saved-tensor hooks), plus the parameters, their gradients and two Adam
-    moments, plus its data."""
+    """Device memory one member of an ensemble needs: the storages autograd saves in one forward pass
+    (measured on the CPU with saved-tensor hooks; a storage saved by several operations, such as a ReLU
+    output that the next matmul also saves, or views of one weight tensor, is counted once), plus the
+    parameters, their gradients and two Adam moments, plus its data."""
     import torch
 
     from ..training import data_cost
 
-    saved = [0]
+    saved: dict[int, int] = {}  # storage address -> bytes
 
     def pack(t):
-        saved[0] += t.numel() * t.element_size()
+        storage = t.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
         return t
 
     model, data = job.model, job.data
@@ -135,7 +137,7 @@ def member_bytes(job) -> int:
     model.zero_grad(set_to_none=True)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     data_bytes = sum(t.numel() * t.element_size() for t in (data.X_train, data.Y_train, data.X_test, data.Y_test))
-    return saved[0] + 4 * params + data_bytes
+    return sum(saved.values()) + 4 * params + data_bytes
 
 
 def cuda_capacity(job, device: str, headroom: float = 0.8) -> int:
