@@ -304,11 +304,6 @@ def test_measurement_on_cuda_equals_cpu(name):
 
 
 # ---------------------------------------------------------------------------------- experiments
-def _smallest(name: str) -> str:
-    presets = REGISTRY[name].presets
-    return "tiny" if "tiny" in presets else "quick"
-
-
 def _without_timings(x):
     """`x` without its wall-clock fields (keys naming seconds): they measure the machine, not the result."""
     if isinstance(x, dict):
@@ -319,8 +314,22 @@ def _without_timings(x):
 
 
 def smallest_preset_float64(name: str) -> tuple[str, dict]:
-    """The experiment's smallest preset, and the override that trains it in float64 where it has a choice."""
-    return _smallest(name), ({"dtype": "float64"} if "dtype" in REGISTRY[name].config.model_fields else {})
+    """The experiment's `tiny` preset (seconds on a CPU), and the override that trains it in float64 where it
+    has a choice."""
+    return "tiny", ({"dtype": "float64"} if "dtype" in REGISTRY[name].config.model_fields else {})
+
+
+@pytest.mark.parametrize("name", sorted(set(REGISTRY) - NEEDS_LOCAL_FILES))
+def test_every_tiny_preset_trains_in_float64(name):
+    """Runs on the CPU: the comparison below needs a `tiny` preset whose networks train in float64 (checked on
+    the first unit of experiments that build their units)."""
+    from featurelab.runs.runner import resolve_config
+
+    preset, overrides = smallest_preset_float64(name)
+    exp, cfg = resolve_config(name, preset, overrides)
+    if exp.build is not None:
+        job = exp.build(cfg, exp.units(cfg)[0])
+        assert {p.dtype for p in job.model.parameters()} == {torch.float64}
 
 
 @pytest.mark.parametrize("name", sorted(set(REGISTRY) - NEEDS_LOCAL_FILES))
@@ -363,3 +372,25 @@ def test_captured_training_equals_eager_on_cuda(monkeypatch):
     for h, e in zip(hist, eager_hist):
         np.testing.assert_allclose(h[["loss", "lr"]].to_numpy(), e[["loss", "lr"]].to_numpy(), rtol=1e-10)
     assert float(hist[2]["lr"].iloc[-1]) < configs[2].phases[1].lr  # the guard acted between replays
+
+
+# ------------------------------------------------------------------------------ ensemble sizing
+@on_cuda
+def test_member_bytes_matches_the_memory_of_a_training_step_on_cuda():
+    """`runs.sweep.member_bytes`, the estimate that sizes GPU ensembles, against the allocator's peak over
+    two eager Adam steps of the paper-size Leaky ResNet (L = 50, w = 200, N = 1000) on the GPU: the same
+    order (within a factor 2 either way), so a packed ensemble neither overflows nor leaves most memory idle."""
+    from featurelab.runs.runner import resolve_config
+    from featurelab.runs.sweep import member_bytes
+    from featurelab.training import Phase, train
+
+    exp, cfg = resolve_config("leaky-bottleneck", "paper")
+    job = exp.build(cfg, exp.units(cfg)[0])
+    need = member_bytes(job)
+    config = job.config.model_copy(update={"phases": [Phase(optimizer="adam", steps=2, lr=1e-4)], "log_every": 2})
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    train(job.model, job.data, config, device="cuda", progress=False)
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak / 2 <= need <= 2 * peak, (need, peak)

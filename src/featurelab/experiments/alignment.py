@@ -56,6 +56,7 @@ class Config(ExperimentConfig):
 
 PRESETS = {
     "quick": {},
+    "tiny": {"steps": 1500, "seeds": [0], "n_train": 64, "init_scale": 0.5},
     "paper": {"init_scale": 0.1, "steps": 50000, "log_every": 500},
 }
 

@@ -84,6 +84,18 @@ class Config(ExperimentConfig):
 
 PRESETS = {
     "quick": {},
+    "tiny": {
+        "n_train": 64,
+        "n_test": 32,
+        "hidden": 32,
+        "width": 16,
+        "depths": [4, 6, 8],
+        "seeds": [0],
+        "steps": 1500,
+        "lr": 1e-2,
+        "log_every": 500,
+        "checkpoint_every": 0,
+    },
     "paper": {
         "d": 20,
         "n_train": 500,

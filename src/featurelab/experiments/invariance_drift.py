@@ -45,6 +45,7 @@ class Config(ExperimentConfig):
 
 PRESETS = {
     "quick": {},
+    "tiny": {"etas": [0.08, 0.04], "tau": 4.0, "n_train": 32, "logs": 2},
     "paper": {"etas": [0.08, 0.04, 0.02, 0.01, 0.005], "seeds": [0, 1, 2]},
 }
 

@@ -62,6 +62,20 @@ class Config(lb.Config):
 
 PRESETS = {
     "quick": {"log_every": 500, "checkpoint_every": 0},
+    "tiny": {
+        "teacher_dims": [8, 3, 2, 8],
+        "teacher_hidden": 16,
+        "n_train": 64,
+        "n_test": 64,
+        "width": 16,
+        "depths": [4, 8],
+        "n_seeds": 1,
+        "adam_steps": 200,
+        "reference_depth": 8,
+        "pca_points": 10,
+        "log_every": 100,
+        "checkpoint_every": 0,
+    },
     "paper": {
         "n_train": 1000,
         "n_test": 1000,

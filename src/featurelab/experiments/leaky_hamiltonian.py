@@ -55,6 +55,7 @@ class Config(lb.Config):
 
 PRESETS = {
     "quick": dict(lb.PRESETS["quick"]),  # the L̃ = 8 unit is leaky-bottleneck's quick run
+    "tiny": {**lb.PRESETS["tiny"], "effective_depths": [1.0, 2.0, 3.0], "profile_depths": [1.0, 2.0, 3.0]},
     "paper": {
         **lb.PRESETS["paper"],
         "effective_depth": None,

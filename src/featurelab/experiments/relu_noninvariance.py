@@ -42,7 +42,11 @@ class Config(ExperimentConfig):
     margin: float = Field(0.1, ge=0)
 
 
-PRESETS = {"quick": {}, "paper": {"seeds": [0, 1, 2]}}
+PRESETS = {
+    "quick": {},
+    "tiny": {"etas": [0.1, 0.05], "tau": 5.0, "width": 8, "n_linear": 4, "check_every": 25, "n_train": 32},
+    "paper": {"seeds": [0, 1, 2]},
+}
 
 
 def make_model(cfg: Config, seed: int, n_linear: int) -> HomogeneousNet:

@@ -63,6 +63,17 @@ class Config(ExperimentConfig):
 
 PRESETS = {
     "quick": {},
+    "tiny": {
+        "n_train": 128,
+        "n_test": 64,
+        "width": 16,
+        "depths": [4],
+        "steps": 300,
+        "n_paths": 4,
+        "path_steps": 10,
+        "log_every": 100,
+        "checkpoint_every": 0,
+    },
     "paper": {
         "d": 50,
         "T": 20,
