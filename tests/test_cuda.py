@@ -120,6 +120,13 @@ def _x(n, d, seed=0, positive=False):
     return x.abs() if positive else x
 
 
+def _cp_plane():
+    """A = diag(3, 1.5)Vᵀ and V = [e_1, e_2] in R³: V's columns are right singular vectors of A, and
+    the samples XV Vᵀ with X >= 0 lie in the completely positive cone of V."""
+    V = torch.eye(3, 2, dtype=D)
+    return torch.diag(torch.tensor([3.0, 1.5], dtype=D)) @ V.T, V
+
+
 def _on(dev, *xs):
     out = tuple(x.to(dev) for x in xs)
     return out[0] if len(out) == 1 else out
@@ -190,6 +197,17 @@ CALLS = {
     "linear_expansion": lambda d: fm.linear_expansion(_on(d, _x(4, 4))),
     "linear_representation_cost": lambda d: fm.linear_representation_cost(_on(d, _x(4, 4)), 3),
     "log_pdet": lambda d: fm.log_pdet(_on(d, _x(4, 4))),
+    "complete_positivity": lambda d: fm.complete_positivity(
+        *_on(d, _x(6, 2, positive=True) @ _cp_plane()[1].T, _cp_plane()[1])
+    ),
+    "CompletePositivity": lambda d: fm.complete_positivity(*_on(d, _x(6, 2) @ _cp_plane()[1].T, _cp_plane()[1])),
+    "cp_linear_representation": lambda d: fm.cp_linear_representation(*_on(d, *_cp_plane()), 3),
+    "cp_linear_cost": lambda d: fm.cp_linear_cost(*_on(d, *_cp_plane()), 3),
+    "shrinkage_corrected_cost": lambda d: fm.shrinkage_corrected_cost(2.0, 0.1, 0.01),
+    "estimate_r1_given_rank": lambda d: fm.estimate_r1_given_rank(
+        [4, 6, 8], [fm.cp_linear_cost(*_on(d, *_cp_plane()), L) for L in (4, 6, 8)], 2
+    ),
+    "KnownRankFit": lambda d: fm.estimate_r1_given_rank([4, 6, 8, 10], [9.1, 13.2, 17.0, 21.3], 2),
     "pdet": lambda d: fm.pdet(_on(d, _x(4, 4))),
     "pseudo_log": lambda d: fm.pseudo_log(_on(d, _x(4, 4) @ _x(4, 4).T)),
     "CovariancePair": lambda d: fm.covariance_pairs(_mlp().to(d), _on(d, _x(6, 3)))[0],

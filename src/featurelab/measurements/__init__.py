@@ -80,13 +80,20 @@ from .ranks import (
     stable_rank,
 )
 from .representation_cost import (
+    CompletePositivity,
+    KnownRankFit,
     balanced_factorization,
+    complete_positivity,
+    cp_linear_cost,
+    cp_linear_representation,
+    estimate_r1_given_rank,
     estimate_representation_cost,
     linear_expansion,
     linear_representation_cost,
     log_pdet,
     pdet,
     pseudo_log,
+    shrinkage_corrected_cost,
 )
 
 # attraction/repulsion of representations and width sparsity (docs/theory/sparsity.md)
@@ -148,6 +155,13 @@ __all__ = [
     "estimate_representation_cost",
     "linear_expansion",
     "linear_representation_cost",
+    "complete_positivity",
+    "CompletePositivity",
+    "cp_linear_representation",
+    "cp_linear_cost",
+    "shrinkage_corrected_cost",
+    "estimate_r1_given_rank",
+    "KnownRankFit",
     "log_pdet",
     "pdet",
     "pseudo_log",

@@ -220,7 +220,7 @@ def _orthonormal_basis(basis, rtol: float) -> torch.Tensor:
     V = as_matrix("basis", basis)
     if V.shape[1] == 0 or V.shape[1] > V.shape[0]:
         raise FeaturelabError(f"basis must be d x k with 1 <= k <= d (one column per vector), got {tuple(V.shape)}")
-    err = float((V.T @ V - torch.eye(V.shape[1], dtype=V.dtype)).abs().max())
+    err = float((V.T @ V - torch.eye(V.shape[1], dtype=V.dtype, device=V.device)).abs().max())
     if err > rtol:
         raise FeaturelabError(f"basis must have orthonormal columns: max|VᵀV − I| = {err:.3g} > rtol={rtol:g}")
     return V
