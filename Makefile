@@ -39,9 +39,14 @@ format: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
-# The CUDA checks run from the checkout with the machine's own torch (no venv, nothing downloaded).
+# The CUDA checks run from the checkout with the machine's own torch (no venv, nothing downloaded); a
+# PYTHONPATH already set (a folder of extra packages, say) is kept behind src.
+GPU_NEEDS := torch numpy scipy pandas matplotlib sklearn tqdm pydantic safetensors yaml pytest
 test-gpu:
-	PYTHONPATH=src $(PYTHON) -m pytest -q -m cuda
+	@PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -c "import importlib.util as u, sys; \
+	missing = [m for m in '$(GPU_NEEDS)'.split() if u.find_spec(m) is None]; \
+	sys.exit('make test-gpu: ' + ', '.join(missing) + ' cannot be imported by $(PYTHON): install them, or put a folder that holds them on PYTHONPATH' if missing else 0)"
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest -q -m cuda
 
 bench: $(STAMP)
 	$(FL) bench
