@@ -7,6 +7,7 @@ is to 1e-10 (batched matmuls only sum in another order), float32 to the toleranc
 import shutil
 from dataclasses import replace
 
+import pandas as pd
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from featurelab.data.separable import separable
 from featurelab.models.conv import Conv
 from featurelab.models.residual import Dense, Flatten, HomogeneousNet, ResBlock
 from featurelab.training import engine
+from featurelab.training.checkpoint import load_checkpoint
 from featurelab.training.ensemble import ensemble_key, train_ensemble
 
 DATA = bottleneck_teacher((5, 2, 5), "fcnn", 8, 40, 16, teacher_seed=0, data_seed=1)
@@ -169,12 +171,47 @@ def test_ensemble_checkpoint_resumes_with_train(tmp_path, monkeypatch):
     assert max_difference([resumed], members[:1]) < 1e-10
 
 
+def test_an_lbfgs_polish_after_batched_phases_matches_one_by_one(tmp_path):
+    """Adam (batched), then a float64 L-BFGS polish and a last GD phase, which each member runs alone from
+    the ensemble's state: weights, history (with its step-0 row and the Adam rows) and run folders as `train`
+    gives them; Leaky ResNets with per-member L̃, λ, lr and adaptive steps."""
+    configs = [
+        TrainConfig(
+            lam=lam,
+            log_every=20,
+            checkpoint_every=20,
+            phases=[
+                Phase(optimizer="adam", steps=40, lr=lr, schedule="cosine", adapt_every=20),
+                Phase(optimizer="lbfgs", steps=15, lr=1.0, dtype="float64"),
+                Phase(optimizer="sgd", steps=10, lr=1e-3),
+            ],
+        )
+        for lam, lr in ((0.01, 3e-3), (0.03, 5e-3))
+    ]
+    make = lambda i: LeakyResNet(5, 5, 8, 6, [1.5, 3.0][i], steps="adaptive", seed=i, dtype=torch.float64)
+    singles = [make(i) for i in range(2)]
+    expected = [train(m, DATA, c, run_dir=tmp_path / f"single{i}") for i, (m, c) in enumerate(zip(singles, configs))]
+    members = [make(i) for i in range(2)]
+    results = train_ensemble(members, DATA, configs, run_dirs=[tmp_path / "m0", tmp_path / "m1"])
+    assert ensemble_key(members[0], DATA, configs[0]) is not None
+    for i, (r, e, m, s) in enumerate(zip(results, expected, members, singles)):
+        assert len(m.rho_history) == len(s.rho_history) == 1
+        assert list(r.history.step) == list(e.history.step) == [0, 20, 40, 60, 65]
+        assert max(float((r.history[c] - e.history[c]).abs().max()) for c in ("loss", "param_norm", "lr")) < 1e-9
+        assert list(pd.read_csv(tmp_path / f"m{i}" / "history.csv").step) == [0, 20, 40, 60, 65]
+        assert load_checkpoint(tmp_path / f"m{i}")[1]["done"]
+    assert max_difference(members, singles) < 1e-10
+    assert abs(float(expected[0].history.loss.iloc[2]) - float(expected[0].history.loss.iloc[3])) > 1e-4  # it polished
+
+
 def test_ensemble_key_and_bad_input():
     c = TrainConfig(lam=0.01, phases=[Phase(steps=5, lr=1e-3)])
     a, b = MLP(5, 5, 10, 3, seed=0), MLP(5, 5, 10, 3, seed=1, init_scale=2.0)
     assert ensemble_key(a, DATA, c) == ensemble_key(b, DATA, c.model_copy(update={"lam": 0.1, "seed": 3}))
     assert ensemble_key(a, DATA, c) != ensemble_key(MLP(5, 5, 11, 3), DATA, c)
     assert ensemble_key(a, DATA, TrainConfig(phases=[Phase(optimizer="lbfgs", steps=5, lr=1.0)])) is None
+    with pytest.raises(FeaturelabError, match="start with an lbfgs phase"):
+        train_ensemble([a, b], DATA, TrainConfig(phases=[Phase(optimizer="lbfgs", steps=5, lr=1.0)]))
     with pytest.raises(FeaturelabError, match=r"models\[1\] cannot join"):
         train_ensemble([a, MLP(5, 5, 11, 3)], DATA, c)
     with pytest.raises(FeaturelabError, match="data has 3 entries"):

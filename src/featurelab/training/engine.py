@@ -11,7 +11,9 @@ member's own module keeps views into the stacks, so it always shows its current 
 Adam and SGD (with momentum, or plain with the relative trust region ``max_step``) are applied to the
 stacked tensors with torch.optim's update formulas, per-member learning rates and per-member step
 counts (a member restarted by the loss guard gets a fresh optimizer). L-BFGS (a line search per run)
-runs only for a single run, with torch's own optimizer. Metrics are gathered only at log steps: the
+runs one run at a time, with torch's own optimizer: an ensemble that reaches an L-BFGS phase hands each
+member over, in memory, to a one-member run of the remaining phases (so the Adam phases before a float64
+polish are still batched). Metrics are gathered only at log steps: the
 step loop makes no host-device synchronisation unless an ``on_step`` callback or L-BFGS asks for one.
 On CUDA, phases that allow it run as a captured CUDA graph (`featurelab.training.capture`).
 docs/theory/conventions.md (training conventions); docs/scale.md.
@@ -348,6 +350,7 @@ def run(
     callbacks: list[tuple] | None = None,
     progress: bool | None = None,
     lr_rule=None,
+    handover: list[dict] | None = None,
 ) -> list[TrainResult | FeaturelabError]:
     """Train ``M = len(models)`` runs of equal shapes and phases (checked by the callers) as one
     computation; returns per member its `TrainResult` or the `FeaturelabError` of a diverged loss.
@@ -357,7 +360,9 @@ def run(
     (``history.csv``, ``model.safetensors``, ``checkpoint.safetensors``) or None. resume: continue each
     member's checkpoint (all at the same step). callbacks: per member, objects with ``on_log(step, model,
     row)`` and, for a single run only, ``on_step(step, model, optimizer, loss)``. lr_rule (single run):
-    ``f(step_in_phase, phase, model) -> lr`` overriding the schedule.
+    ``f(step_in_phase, phase, model) -> lr`` overriding the schedule. handover: per member, the state an
+    ensemble passes on at an L-BFGS phase (`_hand_over`): the models hold the weights, and this run continues
+    from the step, history, lr scale and trust-region count in it, as from a checkpoint.
 
     On the CPU this switches on `torch.set_flush_denormal` for the process (torch has no way to read the
     setting back): weight decay drives unused float32 weights and activations below 1.2e-38, where
@@ -375,24 +380,28 @@ def run(
     lr_scale = torch.ones(M, dtype=torch.float64, device=dev)
     capped = torch.zeros(M, dtype=torch.int64, device=dev)  # steps cut by the trust region, per member
     ckpts = [load_checkpoint(d) if (resume and d is not None) else None for d in dirs]
+    if handover is not None:  # (no tensors: the models hold the weights)
+        ckpts = [(None, info) for info in handover]
     for m in models:
         m.to(dev)
     for i, (m, ck, d) in enumerate(zip(models, ckpts, dirs)):
-        if ck is None or d is None:  # a checkpoint is only read from a run folder
+        if ck is None:
             continue
         tensors, info = ck
-        if info.get("config") != digest(cfgs[i].model_dump(mode="json")):
-            raise FeaturelabError(
-                f"'{Path(d) / 'checkpoint.safetensors'}' was written by a training run with another config; "
-                "delete it to train this one afresh"
-            )
-        if info.get("dtype") and next(m.parameters()).dtype != getattr(torch, info["dtype"]):
-            m.to(getattr(torch, info["dtype"]))  # a float64 buffer (LeakyResNet's rho) keeps its dtype otherwise
-        m.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        if tensors is not None:  # a checkpoint, read from the run folder d
+            if info.get("config") != digest(cfgs[i].model_dump(mode="json")):
+                raise FeaturelabError(
+                    f"'{Path(cast(Path, d)) / 'checkpoint.safetensors'}' was written by a training run with "
+                    "another config; delete it to train this one afresh"
+                )
+            if info.get("dtype") and next(m.parameters()).dtype != getattr(torch, info["dtype"]):
+                m.to(getattr(torch, info["dtype"]))  # a float64 buffer (LeakyResNet's rho) keeps its dtype otherwise
+            m.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         rows[i] = info["history"]
         lr_scale[i], capped[i] = info.get("lr_scale", 1.0), info.get("capped_steps", 0)
         if isinstance(m, AdaptiveSteps):
             m.rho_history = info.get("rho_history", [])
+    resumed_from = [ck[1].get("resumed_from", ck[1]["step"]) if ck else 0 for ck in ckpts]
     starts = {(ck[1]["step"], ck[1]["done"]) if ck else (0, False) for ck in ckpts}
     if len(starts) > 1:
         raise FeaturelabError(f"resume: the members' checkpoints are at different steps {sorted(starts)}")
@@ -463,6 +472,20 @@ def run(
                     f"(phase {phase_idx}: lr={cfgs[i].phases[phase_idx].lr}) or set guard_window"
                 )
 
+    def member_state(i, step, finished):
+        """Member i's run state at `step`, as its checkpoint records it and a hand-over passes it on."""
+        m = models[i]
+        return {
+            "step": step,
+            "done": finished,
+            "history": rows[i],
+            "lr_scale": float(lr_scale[i]),
+            "capped_steps": int(capped[i]),
+            "dtype": str(stack.dtype).replace("torch.", ""),
+            "rho_history": m.rho_history if isinstance(m, AdaptiveSteps) else [],
+            "config": digest(cfgs[i].model_dump(mode="json")),
+        }
+
     def checkpoint(step, finished, phase, opt_state, lbfgs=None):
         for i, (m, d) in enumerate(zip(models, dirs)):
             if d is None or errors[i] is not None:
@@ -470,17 +493,7 @@ def run(
             opt = lbfgs
             if phase is not None and lbfgs is None:
                 opt = _torch_optimizer(phase, m, opt_state, i)
-            info = {
-                "step": step,
-                "done": finished,
-                "history": rows[i],
-                "lr_scale": float(lr_scale[i]),
-                "capped_steps": int(capped[i]),
-                "dtype": str(stack.dtype).replace("torch.", ""),
-                "rho_history": m.rho_history if isinstance(m, AdaptiveSteps) else [],
-                "config": digest(cfgs[i].model_dump(mode="json")),
-            }
-            save_checkpoint(d, m, opt, info)
+            save_checkpoint(d, m, opt, member_state(i, step, finished))
 
     def schedule(phase, k, lr0, lr_min):
         """Per-member lr of step k of `phase`, before the guard's scaling."""
@@ -530,6 +543,16 @@ def run(
             if start_step >= offset + phase.steps or all(e is not None for e in errors):
                 offset += phase.steps
                 continue
+            if phase.optimizer == "lbfgs" and M > 1:  # a line search per member: one by one from here
+                bar.close()
+                elapsed = time.perf_counter() - t0
+                states = [
+                    {**member_state(i, offset, False), "seconds": elapsed, "resumed_from": resumed_from[i]}
+                    for i in range(M)
+                ]
+                return _hand_over(
+                    models, datas, cfgs, errors, states, device=device, dirs=dirs, callbacks=cbs, progress=progress
+                )
             if phase.dtype is not None and stack.dtype != getattr(torch, phase.dtype):
                 for m in models:
                     m.to(getattr(torch, phase.dtype))
@@ -543,7 +566,7 @@ def run(
             k0 = start_step - offset
             if k0 > 0 and lbfgs is None:
                 for i, ck in enumerate(ckpts):
-                    if ck is not None and ck[1].get("optimizer") and ck[1]["step"] == start_step:
+                    if ck is not None and ck[0] is not None and ck[1].get("optimizer") and ck[1]["step"] == start_step:
                         _restore_state(phase, stack, opt_state, i, ck[0])
             snapshot = None  # the guard's (loss (M,), parameters) at the start of its window
 
@@ -648,7 +671,7 @@ def run(
             start_step = offset
         bar.close()
         checkpoint(total, True, None, None)
-    seconds = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0 + (handover[0]["seconds"] if handover else 0.0)
     out: list[TrainResult | FeaturelabError] = []
     for i, m in enumerate(models):
         err = errors[i]
@@ -659,8 +682,19 @@ def run(
         if dirs[i] is not None:
             write_text(dirs[i] / "history.csv", history.to_csv(index=False))
             save_model(m, dirs[i] / "model.safetensors")
-        out.append(TrainResult(m, history, seconds, ckpts[i][1]["step"] if ckpts[i] else 0))
+        out.append(TrainResult(m, history, seconds, resumed_from[i]))
     return out
+
+
+def _hand_over(models, datas, cfgs, errors, states, *, device, dirs, callbacks, progress) -> list:
+    """An ensemble at an L-BFGS phase: each member that has not failed goes on alone (`run` with M = 1)
+    from its in-memory state `states[i]` through the remaining phases; a failed member keeps its error."""
+    return [
+        err
+        if err is not None
+        else run([m], [d], [c], device=device, dirs=[folder], callbacks=[cb], progress=progress, handover=[st])[0]
+        for m, d, c, err, st, folder, cb in zip(models, datas, cfgs, errors, states, dirs, callbacks)
+    ]
 
 
 def _lbfgs_closure(stack: _Stack, losses, X, Y, idx) -> torch.Tensor:

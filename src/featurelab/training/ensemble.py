@@ -9,8 +9,9 @@ training engine's (`featurelab.training.engine`), the same one `train` runs: `ML
 `HomogeneousNet` members train with batched matmuls (grouped convolutions) on stacked ``M x out x in`` weights,
 other models are vmapped. In
 float64 a member agrees with its one-by-one run to rounding (the batched matmuls sum in another
-order), see docs/scale.md. L-BFGS (a line search per member) is not batched: `ensemble_key` returns
-None for such runs.
+order), see docs/scale.md. L-BFGS (a line search per member) is not batched: at an L-BFGS phase each
+member goes on alone, in memory, through the remaining phases (a float64 polish after batched Adam
+phases, say); `ensemble_key` returns None for runs that start with one, since nothing could be batched.
 
 Every member gets `train`'s run record in its own folder (``history.csv``, ``model.safetensors``
 and a ``checkpoint.safetensors`` in `train`'s format, optimizer state included), so a member can be
@@ -50,11 +51,11 @@ def _shapes(tensors) -> tuple:
 
 
 def ensemble_key(model: nn.Module, data: Dataset, config: TrainConfig) -> tuple | None:
-    """A hashable key; runs with equal keys can be trained as one ensemble. None: not batchable
-    (an L-BFGS phase). Differences allowed inside a key: tensor values, float model attributes,
+    """A hashable key; runs with equal keys can be trained as one ensemble. None: nothing to batch (the
+    first phase is L-BFGS). Differences allowed inside a key: tensor values, float model attributes,
     ``lam``, ``seed`` and each phase's ``lr``/``lr_min``."""
     config = TrainConfig.model_validate(config)
-    if any(p.optimizer == "lbfgs" for p in config.phases):
+    if config.phases and config.phases[0].optimizer == "lbfgs":
         return None
     phases = tuple(
         tuple(sorted((k, repr(v)) for k, v in p.model_dump().items() if k not in PER_MEMBER_PHASE_FIELDS))
@@ -128,7 +129,7 @@ def train_ensemble(
         raise FeaturelabError("callbacks with on_step cannot run in an ensemble; use train() per model")
     keys = [ensemble_key(m, d, c) for m, d, c in zip(models, datas, cfgs)]
     if keys[0] is None:
-        raise FeaturelabError("configs has an lbfgs phase, which cannot be batched; use train() per model")
+        raise FeaturelabError("configs start with an lbfgs phase, which cannot be batched; use train() per model")
     if any(k != keys[0] for k in keys):
         bad = next(i for i, k in enumerate(keys) if k != keys[0])
         raise FeaturelabError(
