@@ -107,6 +107,25 @@ def test_woodbury_path_agrees_with_the_cholesky_path(gen, N, w):
         assert wood.condition == pytest.approx(chol.condition, rel=1e-6)
 
 
+@pytest.mark.parametrize("gamma", [0.0, 1e-3])
+def test_the_pseudo_inverse_from_the_metric_svd_equals_lapack_gelsd(gen, gamma):
+    """σ(A)⁺M from the thin SVD a metric holds (N > w+1) against LAPACK's gelsd on σ(A), rank-deficient σ(A)
+    included (two equal columns, a ReLU column that is zero on every sample)."""
+    A = torch.randn(30, 5, generator=gen, dtype=torch.float64)
+    A[:, 1] = A[:, 0]
+    A[:, 2] = -A[:, 2].abs()
+    M = torch.randn(30, 7, generator=gen, dtype=torch.float64)
+    metric = kernel_metric(A, True, gamma)
+    assert isinstance(metric.factor, tuple) and metric.method == ("pinv" if gamma == 0 else "woodbury")
+    lapack = torch.linalg.lstsq(features(A), M, rcond=1e-10, driver="gelsd").solution
+    torch.testing.assert_close(metric.pinv(M), lapack, rtol=1e-10, atol=1e-12)
+    D = torch.randn(30, 5, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(
+        fl.measurements.lagrangian_weights(A, D, 2.0, metric=metric),
+        (torch.linalg.pinv(features(A), rtol=1e-10) @ (2.0 * A + D)).T,
+    )
+
+
 def test_kernel_metric_jitter_and_conditioning(gen):
     A = torch.randn(6, 4, generator=gen, dtype=torch.float64)
     metric = kernel_metric(A, True, 1e-3, "relative")

@@ -12,8 +12,9 @@ Everything is float64 and nothing forms an inverse; every path "whitens", return
 - γ > 0, N > w+1 ("woodbury", the optional (w+1)-dimensional path of §3.7, in a cancellation-free form): with
   the thin SVD ``σ(A) = U diag(s) Vᵀ``, ``K + γI = U diag(s²+γ) Uᵀ + γ(I − UUᵀ)``, so
   ``Z = [diag(s²+γ)^{-1/2} UᵀM ; (M − UUᵀM)/√γ]``; O(N w²) instead of O(N³), tested against "cholesky";
-- γ = 0: the pseudo-inverse norm through the minimum-norm least-squares solution ``Z = σ(A)⁺M`` (``lstsq``,
-  driver gelsd, explicit rcond), for which ``Tr[Mᵀ K⁺ M'] = Σ Z ⊙ Z'``.
+- γ = 0: the pseudo-inverse norm through the minimum-norm least-squares solution ``Z = σ(A)⁺M`` (from the
+  thin SVD of σ(A) when N > w+1, which the "auto" method computes anyway; else ``lstsq``, driver gelsd; both
+  with an explicit rcond), for which ``Tr[Mᵀ K⁺ M'] = Σ Z ⊙ Z'``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from ..checks import as_matrix, non_negative, nonempty, one_of
 from ..errors import FeaturelabError
 from ..results import Result
-from .ranks import min_norm_lstsq
+from .ranks import min_norm_lstsq, svd_solve
 
 GAMMA_MODES = ("relative", "absolute")
 METHODS = ("auto", "cholesky", "woodbury")
@@ -45,15 +46,16 @@ class KernelMetric(Result):
     """The inner product ``⟨M, M'⟩_(K+γI)`` of one representation's kernel (Part 1 §0, §3.7).
 
     S: the features σ(A) (``N x m``), K = S Sᵀ.  gamma: the absolute γ used.  method: "cholesky", "woodbury"
-    or "pinv" (γ = 0).  factor: the Cholesky factor of ``K + (γ + jitter)I``, or ``(U, s)`` of the thin SVD
-    of S.  jitter: what was added after a failed Cholesky factorisation (``1e-12 Tr(K)/N``, else 0).
+    or "pinv" (γ = 0).  factor: the Cholesky factor of ``K + (γ + jitter)I``, or ``(U, s, Vh)`` of the thin
+    SVD ``S = U diag(s) Vh`` (woodbury, and pinv when N > m), or None.  jitter: what was added after a failed
+    Cholesky factorisation (``1e-12 Tr(K)/N``, else 0).
     eigenvalues: the nonzero spectrum of K (ascending) for the conditioning.
     """
 
     S: torch.Tensor
     gamma: float
     method: str
-    factor: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
+    factor: torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     jitter: float
     eigenvalues: torch.Tensor
 
@@ -64,9 +66,18 @@ class KernelMetric(Result):
             return torch.linalg.solve_triangular(self.factor, M, upper=False)
         if self.method == "woodbury":
             assert isinstance(self.factor, tuple)
-            U, s = self.factor
+            U, s, _ = self.factor
             C = U.T @ M
             return torch.cat([C / torch.sqrt(s**2 + self.gamma)[:, None], (M - U @ C) / self.gamma**0.5])
+        return self.pinv(M)
+
+    def pinv(self, M: torch.Tensor) -> torch.Tensor:
+        """σ(A)⁺M (``m x k``), the minimum-norm least-squares solution X of ``σ(A) X ≈ M`` (M: ``N x k``; singular
+        values below RCOND·s_1 count as zero), whatever γ: from the thin SVD this metric holds, else by
+        `min_norm_lstsq`."""
+        if isinstance(self.factor, tuple):
+            U, s, Vh = self.factor
+            return svd_solve(U, s, Vh, M, RCOND)
         return min_norm_lstsq(self.S, M, RCOND)
 
     def sq_norm(self, M: torch.Tensor) -> float:
@@ -103,11 +114,10 @@ def kernel_metric(
     one_of("method", method, METHODS)
     S = features(A, bias)
     if method == "woodbury" or (method == "auto" and S.shape[0] > S.shape[1]):
-        U, s, _ = torch.linalg.svd(S, full_matrices=False)
+        U, s, Vh = torch.linalg.svd(S, full_matrices=False)
         eig = (s**2).flip(0)
         g = gamma * float(eig[-1]) if gamma_mode == "relative" else float(gamma)
-        if g > 0:
-            return KernelMetric(S, g, "woodbury", (U, s), 0.0, eig)
+        return KernelMetric(S, g, "woodbury" if g > 0 else "pinv", (U, s, Vh), 0.0, eig)
     else:
         gram = S.T @ S if S.shape[0] >= S.shape[1] else S @ S.T
         eig = torch.linalg.eigvalsh(gram)

@@ -21,8 +21,8 @@ from ..errors import FeaturelabError
 from ..models.leaky_resnet import LeakyResNet
 from ..runtime import float64_copy
 from ..training.objectives import data_cost
-from .cost_of_identity import GAMMA_MODES, cost_of_identity, features, kernel_metric
-from .ranks import effective_rank, singular_values
+from .cost_of_identity import GAMMA_MODES, KernelMetric, cost_of_identity, kernel_metric
+from .ranks import singular_values, spectrum_ranks
 
 PAIRINGS = ("staggered", "same")
 
@@ -72,6 +72,8 @@ def layer_energies(
     effective_depth: float,
     gamma0: float = 1e-3,
     gamma_mode: str = "relative",
+    *,
+    metric: KernelMetric | None = None,
 ) -> dict[str, float]:
     """The Hamiltonians, energies and Theorem-4 bounds of one layer (docs/theory/leaky-resnets.md §3.3-3.5).
 
@@ -81,10 +83,11 @@ def layer_energies(
     coi_gamma ``COI_γ(A)``; kappa ``κ = ‖D‖²_(K+γI)/L̃²``; kinetic ``T = L̃κ/2``; potential
     ``U = −(L̃/2)COI_γ``; stable_hamiltonian ``T + U``, h_gamma_rescaled ``ĥ_γ = COI_γ − κ``;
     thm4 ``(1/2L̃)‖D + γL̃B‖²_(K+γI) − (L̃/2)COI_γ − (γL̃/2)c²`` (equals 𝓗 when ``W = L̃Bᵀσ(A)``);
-    slack_a/b/c: bound minus left side of §3.5 (a)-(c) (≥ 0 when the bound holds).
+    slack_a/b/c: bound minus left side of §3.5 (a)-(c) (≥ 0 when the bound holds). metric: the
+    ``kernel_metric(A, True, gamma0, gamma_mode)`` when the caller has it already.
     """
     Lt = float(effective_depth)
-    metric = kernel_metric(A, True, gamma0, gamma_mode)
+    metric = kernel_metric(A, True, gamma0, gamma_mode) if metric is None else metric
     w = A.shape[1]
     Z = metric.whiten(torch.cat([A, D, B], dim=1))
     ZA, ZD, ZB = Z[:, :w], Z[:, w : 2 * w], Z[:, 2 * w :]
@@ -141,17 +144,22 @@ def balancedness_residual(W: torch.Tensor, positions: torch.Tensor, effective_de
     return float((E - E_hat).abs().max() / E.max())
 
 
-def lagrangian_weights(A: torch.Tensor, D: torch.Tensor, effective_depth: float) -> torch.Tensor:
+def lagrangian_weights(
+    A: torch.Tensor, D: torch.Tensor, effective_depth: float, *, metric: KernelMetric | None = None
+) -> torch.Tensor:
     """The weights of the Lagrangian reformulation, ``W = (L̃A + ∂_pA) σ(A)⁺`` (Jacot & Kaiser §2.2; columns
     convention there): the minimum-norm W with ``∂_pA = Wσ(A) − L̃A``, ``w x (w+1)``.
 
     A: the representation, D: its velocity ∂_pA (a layer's ``D_l = (A_l − A_{l-1})/ρ_l``), each ``N x w`` (rows
     are samples). In rows, ``Wᵀ = σ(A)⁺(L̃A + D)``: the least-squares solution of ``σ(A) Wᵀ = L̃A + D``
-    (``lstsq``, gelsd, explicit rcond). For a layer of the network it is ``W_l`` projected onto the row space of
-    σ(A_{l-1}); every critical point has ``W_l = L̃B_lᵀσ(A_{l-1})`` there already, so the two agree.
+    (`KernelMetric.pinv`: the thin SVD of σ(A) when N > w+1, else ``lstsq`` with gelsd; explicit rcond). For a
+    layer of the network it is ``W_l`` projected onto the row space of σ(A_{l-1}); every critical point has
+    ``W_l = L̃B_lᵀσ(A_{l-1})`` there already, so the two agree. metric: any `kernel_metric` of A (its γ plays no
+    part) when the caller has one already.
     """
     A, D = as_matrix("A", A), as_matrix("D", D)
-    return kernel_metric(A, True, 0.0).whiten(effective_depth * A + D).T
+    metric = kernel_metric(A, True, 0.0) if metric is None else metric
+    return metric.pinv(effective_depth * A + D).T
 
 
 def geodesic_diagnostics(
@@ -187,16 +195,17 @@ def geodesic_diagnostics(
         A, B, Wl = reps[l - 1 + shift], Bs[l], W[l - 1]
         D = (reps[l] - reps[l - 1]) / rho[l - 1]
         row = {"layer": l, "p": float(p[l - 1 + shift]), "rho": float(rho[l - 1])}
-        row.update(layer_energies(A, B, D, Lt, gamma0, gamma_mode))
-        S = features(A)
+        metric = kernel_metric(A, True, gamma0, gamma_mode)  # one factorisation of σ(A) per layer
+        row.update(layer_energies(A, B, D, Lt, gamma0, gamma_mode, metric=metric))
+        S = metric.S
         row["pre_hamiltonian"] = float((B * (S @ Wl.T - Lt * A)).sum()) - float((Wl**2).sum()) / (2 * Lt)
         row["residual"] = float(torch.linalg.norm(Wl - Lt * B.T @ S) / torch.linalg.norm(Wl))
-        W_lag = lagrangian_weights(reps[l - 1], D, Lt)
+        W_lag = lagrangian_weights(reps[l - 1], D, Lt, metric=metric if shift == 0 else None)
         row["lagrangian_residual"] = float(torch.linalg.norm(Wl - W_lag) / torch.linalg.norm(Wl))
         row["negativity"] = float(torch.linalg.norm(A.clamp(max=0)) / torch.linalg.norm(A).clamp_min(1e-300))
-        s = singular_values(Wl, 10)
-        row.update({f"sv{i + 1}": float(s[i]) for i in range(s.numel())})
-        row["effective_rank"] = effective_rank(Wl, rtol=0.1)
+        s = singular_values(Wl)
+        row.update({f"sv{i + 1}": float(s[i]) for i in range(min(10, s.numel()))})
+        row["effective_rank"] = spectrum_ranks(s, effective_rtol=0.1)["effective_rank"]
         rows.append(row)
     df = pd.DataFrame(rows)
 

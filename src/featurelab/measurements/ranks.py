@@ -32,6 +32,12 @@ def min_norm_lstsq(A: torch.Tensor, B: torch.Tensor, rcond: float) -> torch.Tens
 def svd_lstsq(A: torch.Tensor, B: torch.Tensor, rcond: float) -> torch.Tensor:
     """`min_norm_lstsq` through a thin SVD of A, on any device."""
     U, s, Vh = torch.linalg.svd(A, full_matrices=False)
+    return svd_solve(U, s, Vh, B, rcond)
+
+
+def svd_solve(U: torch.Tensor, s: torch.Tensor, Vh: torch.Tensor, B: torch.Tensor, rcond: float) -> torch.Tensor:
+    """``A⁺B = V diag(1/s) UᵀB`` from the thin SVD ``A = U diag(s) Vh`` (U: ``n x r``, s: ``r``, Vh: ``r x m``),
+    singular values below ``rcond · s_max`` treated as zero: `min_norm_lstsq` for a factorised A."""
     keep = s > rcond * s[0] if s.numel() else s > 0
     return Vh[keep].mT @ ((U[:, keep].mT @ B) / s[keep, None])
 
