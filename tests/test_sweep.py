@@ -185,3 +185,26 @@ def test_cuda_sweep_packs_each_group_into_what_fits_the_free_memory(tmp_path, mo
         assert [len(item) for item in items] == sizes
         assert [u["id"] for item in items for u in item] == [u["id"] for u in pending]
         assert sorted(built) == sorted(u["id"] for u in pending)
+
+
+@pytest.mark.parametrize(
+    "name, sizes",
+    [
+        ("leaky-hamiltonian", [8]),  # every L̃, with the float64 L-BFGS polish after the batched Adam phase
+        ("bn-rank-depth", [15] * 7),  # per depth: 5 seeds x 3 λ
+        ("saddle-digits", [5]),  # every seed
+    ],
+)
+def test_paper_sweeps_group_their_same_shape_units(name, sizes):
+    """The paper presets' units fall into the ensembles a GPU sweep packs (before memory splits them)."""
+    from collections import Counter
+
+    from featurelab.runs.runner import resolve_config
+    from featurelab.training import ensemble_key
+
+    exp, cfg = resolve_config(name, "paper")
+    keys = Counter()
+    for unit in exp.units(cfg):
+        job = exp.build(cfg, unit)
+        keys[ensemble_key(job.model, job.data, job.config)] += 1
+    assert None not in keys and sorted(keys.values(), reverse=True) == sizes
