@@ -5,6 +5,7 @@ is to 1e-10 (batched matmuls only sum in another order), float32 to the toleranc
 """
 
 import shutil
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pandas as pd
@@ -258,8 +259,32 @@ def test_guard_restores_and_halves_per_member():
     compare(make, configs, [DATA] * 3, 1e-10)
 
 
+HOST_READS = ("__bool__", "__float__", "__int__", "__index__", "item", "tolist")
+
+
+@contextmanager
+def no_host_reads():
+    """Every conversion of a tensor to a Python value raises inside: a CUDA graph records no such wait."""
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("the captured step read a tensor on the host")
+
+    saved = {name: torch.Tensor.__dict__.get(name) for name in HOST_READS}
+    for name in HOST_READS:
+        setattr(torch.Tensor, name, refuse)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            if method is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, method)
+
+
 def replay_captured_steps(monkeypatch):
-    """Make the engine take its CUDA-graph path on the CPU: the recorded step body is called at each replay."""
+    """Make the engine take its CUDA-graph path on the CPU: the recorded step body is called at each replay,
+    where it may read no tensor on the host (a real capture would fail there)."""
     from featurelab.training import capture
 
     class Replay:
@@ -267,7 +292,8 @@ def replay_captured_steps(monkeypatch):
             self.body = body
 
         def replay(self):
-            self.body()
+            with no_host_reads():
+                self.body()
 
     monkeypatch.setattr(capture, "eager_reason", lambda *a, **k: None)
     monkeypatch.setattr(capture, "warmup", lambda body: body())
@@ -341,15 +367,16 @@ def test_the_captured_step_body_replays_the_eager_run(monkeypatch):
 
 def homogeneous_net(arch: str, i: int) -> HomogeneousNet:
     """Member i of a float64 HomogeneousNet ensemble: members differ in init (seed, scale) and in the
-    Dense slopes (buffers, unit-wise for the first layer)."""
+    Dense and Conv slopes (buffers, unit-wise for the first layer; every member's first stages take the
+    leaky path, as an ensemble's members share each stage's path)."""
     kw = {"init_scale": [1.0, 0.7, 1.3][i], "generator": torch.Generator().manual_seed(i)}
-    slopes = [[0.0] * 8, [0.0, 0.1] * 4, [0.2] * 8][i]
+    slopes = [[0.3] * 8, [0.0, 0.1] * 4, [0.2] * 8][i]
     if arch == "dense":
         return HomogeneousNet([Dense(6, 8, slopes, **kw), Dense(8, 8, 0.0, **kw), Dense(8, 1, 1.0, **kw)])
     if arch == "conv":
         return HomogeneousNet(
             [
-                Conv(2, 3, 3, padding=1, leak=[0.0, 0.5, 0.1][i], **kw),
+                Conv(2, 3, 3, padding=1, leak=[0.3, 0.5, 0.1][i], **kw),
                 Conv(3, 3, 3, stride=2, padding=1, leak=1.0, **kw),
                 Flatten(),
                 Dense(12, 8, slopes, **kw),
@@ -418,3 +445,24 @@ def test_homogeneous_net_ensembles_take_the_stacked_forward(arch, monkeypatch):
     config = TrainConfig(objective="logistic", lam=0.01, phases=[Phase(optimizer="sgd", steps=3, lr=1e-2)])
     results = train_ensemble(members, data, config)
     assert all(not isinstance(r, Exception) for r in results)
+
+
+@pytest.mark.parametrize("arch", HOMOGENEOUS_ARCHS)
+def test_homogeneous_net_ensembles_take_the_captured_path(arch, monkeypatch):
+    """The stacked HomogeneousNet step reads nothing on the host, so on CUDA it is captured; replayed as plain
+    calls it gives the eager run (mini-batches, SGD with momentum)."""
+    data = separable(24, 8, 6 if arch != "conv" else 24, 0.1, seed=0)
+    configs = [
+        TrainConfig(
+            objective="logistic",
+            lam=lam,
+            log_every=10,
+            phases=[Phase(optimizer="sgd", steps=20, lr=1e-2, momentum=0.5, batch_size=16)],
+        )
+        for lam in (0.0, 1e-2, 3e-2)
+    ]
+    eager, eager_hist, replayed, hist = eager_and_replayed(
+        monkeypatch, lambda i: homogeneous_net(arch, i), configs, data
+    )
+    assert max_difference(replayed, eager) < 1e-12
+    assert all(float((h["loss"] - e["loss"]).abs().max()) < 1e-12 for h, e in zip(hist, eager_hist))

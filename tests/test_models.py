@@ -206,3 +206,41 @@ def test_weight_list_from_model_or_matrices():
         fl.models.weight_list([torch.ones(5, 3), torch.ones(4, 4)])
     with pytest.raises(fl.FeaturelabError, match="non-empty list"):
         fl.models.weight_list([])
+
+
+def _nets():
+    from featurelab.models import Conv, Dense, Flatten, HomogeneousNet, ResBlock
+
+    g = torch.Generator().manual_seed(0)
+    yield (
+        "mlp",
+        fl.MLP(4, 2, 6, 3, bias=1.0, leak=0.1, seed=0, dtype=torch.float64),
+        torch.randn(5, 4, dtype=torch.float64),
+    )
+    yield "leaky-resnet", fl.LeakyResNet(4, 2, 6, 4, 2.0, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+    dense = [Dense(4, 6, [0.0, 1.0, 0.5, 0.0, 0.0, 1.0], generator=g), Dense(6, 6, 0.0, generator=g)]
+    blocks = [ResBlock(kind, 6, 3, 6, generator=g) for kind in ("identity", "diagonal", "free")]
+    yield "homogeneous", HomogeneousNet([*dense, *blocks, Dense(6, 1, 1.0, generator=g)]), torch.randn(5, 4).double()
+    conv = [Conv(1, 2, 2, stride=2, padding=1, generator=g), Flatten(), Dense(8, 1, 1.0, generator=g)]
+    yield "conv", HomogeneousNet(conv, input_shape=(1, 3, 3)), torch.randn(5, 9, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("which", ["mlp", "leaky-resnet", "homogeneous", "conv"])
+def test_a_training_step_reads_no_tensor_on_the_host(which):
+    """Forward, penalty and backward of every model type run without a host read, so the whole step can be
+    captured as a CUDA graph (unit-wise slopes decide their activation path at construction, not per call)."""
+    from test_ensemble import no_host_reads
+
+    name, net, X = next(n for n in _nets() if n[0] == which)
+    with no_host_reads():
+        (net(X).square().sum() + net.penalty(0.1)).backward()
+
+
+def test_the_activation_path_follows_the_slopes_through_load_state_dict():
+    from featurelab.models import Dense
+
+    relu, linear = Dense(3, 2, 0.0), Dense(3, 2, 1.0, weight=torch.nn.Parameter(torch.eye(2, 3, dtype=torch.float64)))
+    assert (relu.leak_kind, linear.leak_kind, Dense(3, 2, [0.0, 0.5]).leak_kind) == ("relu", "linear", "leaky")
+    relu.load_state_dict(linear.state_dict())
+    z = torch.tensor([[-1.0, 2.0]], dtype=torch.float64)
+    assert relu.leak_kind == "linear" and torch.equal(relu.act(z), z)

@@ -45,15 +45,23 @@ def unfold_after_conv(W: torch.Tensor, channels: int) -> torch.Tensor:
     return W.reshape(m, channels, n // channels).permute(0, 2, 1).reshape(-1, channels)
 
 
-def leaky(z: torch.Tensor, leak: torch.Tensor, dim: int = 1) -> torch.Tensor:
+def leak_kind(leak: torch.Tensor) -> str:
+    """Which of `leaky`'s paths the slopes `leak` take: "linear" (all 1), "relu" (all 0) or "leaky"."""
+    return "linear" if bool((leak == 1.0).all()) else "relu" if bool((leak == 0.0).all()) else "leaky"
+
+
+def leaky(z: torch.Tensor, leak: torch.Tensor, dim: int = 1, kind: str | None = None) -> torch.Tensor:
     """Unit-wise σ(z) = z for z > 0, leak·z otherwise; `leak` has one entry per unit along `dim`
     (0 = ReLU, 1 = linear). σ'(0) = leak, as torch's ReLU.
 
     Stacked members: `leak` ``M x n`` (one row per member) and z ``M x ...`` with its units along
-    ``dim + 1`` (e.g. ``M x N x n``, or ``M x N x c x H x W`` with dim=1)."""
-    if bool((leak == 1.0).all()):
+    ``dim + 1`` (e.g. ``M x N x n``, or ``M x N x c x H x W`` with dim=1).
+    kind: ``leak_kind(leak)`` when the caller keeps it (`Dense` and `Conv` do): reading it from `leak` waits
+    for the device, which a captured CUDA graph cannot do."""
+    kind = leak_kind(leak) if kind is None else kind
+    if kind == "linear":
         return z
-    if bool((leak == 0.0).all()):
+    if kind == "relu":
         return torch.relu(z)
     shape = [1] * z.ndim
     if leak.dim() == 1:
@@ -61,6 +69,18 @@ def leaky(z: torch.Tensor, leak: torch.Tensor, dim: int = 1) -> torch.Tensor:
     else:
         shape[0], shape[dim + 1] = leak.shape[0], leak.shape[1]
     return torch.where(z > 0, z, leak.view(shape).to(z.dtype) * z)
+
+
+def register_leaks(module: nn.Module, leak, n: int) -> None:
+    """Give `module` its buffer ``leak`` (`unit_leaks`) and the attribute ``leak_kind`` (`leak_kind`), which
+    `load_state_dict` keeps in step with the loaded slopes."""
+    module.register_buffer("leak", unit_leaks(leak, n))
+    _keep_leak_kind(module)
+    module.register_load_state_dict_post_hook(_keep_leak_kind)
+
+
+def _keep_leak_kind(module, *_) -> None:
+    module.leak_kind = leak_kind(module.get_buffer("leak"))
 
 
 def unit_leaks(leak, n: int, name: str = "leak") -> torch.Tensor:
@@ -90,6 +110,7 @@ class Conv(nn.Module):
     """
 
     leak: torch.Tensor  # buffer, one slope per output channel
+    leak_kind: str  # leak_kind(leak), kept from construction and load_state_dict
 
     def __init__(
         self,
@@ -117,7 +138,7 @@ class Conv(nn.Module):
         std = init_scale / math.sqrt(c_in * kernel * kernel)
         w = torch.randn(c_out, c_in, kernel, kernel, generator=generator, dtype=torch.float64) * std
         self.weight = nn.Parameter(w.to(dtype))
-        self.register_buffer("leak", unit_leaks(leak, c_out))
+        register_leaks(self, leak, c_out)
 
     @property
     def switch_factor(self) -> int:
@@ -149,7 +170,7 @@ class Conv(nn.Module):
         return z.reshape(z.shape[0], M, c_out, *z.shape[-2:]).transpose(0, 1)
 
     def act(self, z: torch.Tensor) -> torch.Tensor:
-        return leaky(z, self.leak, dim=1)
+        return leaky(z, self.leak, dim=1, kind=self.leak_kind)
 
     def extra_repr(self) -> str:
         return f"weight={tuple(self.weight.shape)}, stride={self.stride}, padding={self.padding}"

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..checks import int_at_least, non_negative, one_of
 from ..errors import FeaturelabError
-from .conv import Conv, leaky, unfold_out, unit_leaks
+from .conv import Conv, leaky, register_leaks, unfold_out
 from .forward import Forward
 from .mlp import MLP
 
@@ -49,6 +49,7 @@ class Dense(nn.Module):
     gives ``M x N x d_out``."""
 
     leak: torch.Tensor  # buffer, one slope per output unit
+    leak_kind: str  # leak_kind(leak), kept from construction and load_state_dict
 
     def __init__(
         self,
@@ -65,13 +66,13 @@ class Dense(nn.Module):
         int_at_least("d_out", d_out, 1)
         non_negative("init_scale", init_scale)
         self.weight = weight if weight is not None else _gaussian(d_out, d_in, init_scale, generator, dtype)
-        self.register_buffer("leak", unit_leaks(leak, d_out))
+        register_leaks(self, leak, d_out)
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
         return a @ self.weight.mT
 
     def act(self, z: torch.Tensor) -> torch.Tensor:
-        return leaky(z, self.leak)
+        return leaky(z, self.leak, kind=self.leak_kind)
 
     def extra_repr(self) -> str:
         return f"weight={tuple(self.weight.shape)}"
