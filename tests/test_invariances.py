@@ -197,6 +197,28 @@ def test_tracker_records_drift_residual_and_signs():
     assert len(signs["direction"]) == 4 and signs["direction"].cos_to_final.iloc[-1] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("arch", ["fc", "identity", "diagonal", "free", "conv"])
+def test_the_tracker_step_reads_nothing_on_the_host(arch):
+    """`on_step` keeps its maxima and counts on the device, so a GPU run waits for the device only at log steps;
+    a run with the tracker gives the counts it logs as integers."""
+    from types import SimpleNamespace
+
+    from test_ensemble import no_host_reads
+
+    net = make(arch, torch.Generator().manual_seed(0))
+    d = separable(24, 0, net.d_in, seed=1)
+    tracker = InvariantTracker(net, d.X_train)
+    net(d.X_train).square().mean().backward()  # on_step reads the step's gradient
+    with torch.no_grad():
+        for p in net.parameters():
+            p.sub_(0.05 * p.grad)
+    with no_host_reads():
+        tracker.on_step(1, net, SimpleNamespace(param_groups=[{"lr": 0.05}]), None)
+    row: dict = {}
+    tracker.on_log(1, net, row)
+    assert isinstance(row["sign_flips"], int) and isinstance(row["activation_flips"], int)
+
+
 def test_invariants_of_mlp_match_homogeneous_net():
     mlp = MLP(5, 1, [4, 3], 3, bias=0.0, init="fan_in", linear_tail=2, dtype=D, seed=0)
     found = invariants(mlp)

@@ -346,14 +346,15 @@ class InvariantTracker:
             self.p0 = [(inv.P1(PARAM).detach().clone(), inv.P2(PARAM).detach().clone()) for inv in self.items]
         self.prev = [q.clone() for q in self.q0]
         self.cum = [torch.zeros_like(q) for q in self.q0]
-        self.step_residual = [0.0] * len(self.items)
+        zero = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
+        self.step_residual = [zero.clone() for _ in self.items]  # device scalars: no host read per step
         self.active, self.pattern = active_units(self.net, self.X, self.junctions)
         self.scopes = [inv.scope(self.active) for inv in self.items]
         self.stable = [m.clone() for m in self.scopes]
         self.stable_units = {k: v.clone() for k, v in self.active.items()}
         self.signs = [p.detach() >= 0 for p in self.params]
         self.last_flip = [torch.zeros(p.shape, dtype=torch.long, device=p.device) for p in self.params]
-        self.sign_flips = self.activation_flips = 0
+        self.sign_flips, self.activation_flips = zero.clone().long(), zero.clone().long()
         self.directions: list[tuple[int, torch.Tensor]] = [(0, self._direction())]
         self.step = 0
 
@@ -362,20 +363,21 @@ class InvariantTracker:
         return w / w.norm()
 
     def on_step(self, step, model, optimizer, loss) -> None:
+        """Everything stays on the device (masked maxima, counts as tensors): no host read per step."""
         lr = float(optimizer.param_groups[0]["lr"])
         with torch.no_grad():
             for k, inv in enumerate(self.items):
                 q_new = inv.value()
                 eta2q = lr**2 * inv.value(GRAD)
-                res = (q_new - self.prev[k] - eta2q).abs()[self.scopes[k]]
-                scale = 1.0 + float(q_new.abs()[self.scopes[k]].max()) if res.numel() else 1.0
-                if res.numel():
-                    self.step_residual[k] = max(self.step_residual[k], float(res.max()) / scale)
+                scope = self.scopes[k]  # an empty scope gives 0, which leaves the running maximum as it was
+                res = torch.where(scope, (q_new - self.prev[k] - eta2q).abs(), 0.0).amax()
+                scale = 1.0 + torch.where(scope, q_new.abs(), 0.0).amax()
+                self.step_residual[k] = torch.maximum(self.step_residual[k], (res / scale).double())
                 self.cum[k] += eta2q
                 self.prev[k] = q_new
             self.active, pattern = active_units(self.net, self.X, self.junctions)
             for key, pat in pattern.items():
-                self.activation_flips += int((pat != self.pattern[key]).sum())
+                self.activation_flips += (pat != self.pattern[key]).sum()
                 self.stable_units[key] &= self.active[key]
             self.pattern = pattern
             self.scopes = [inv.scope(self.active) for inv in self.items]
@@ -383,8 +385,8 @@ class InvariantTracker:
             for k, p in enumerate(self.params):
                 sg = p.detach() >= 0
                 flipped = sg != self.signs[k]
-                self.sign_flips += int(flipped.sum())
-                self.last_flip[k][flipped] = step
+                self.sign_flips += flipped.sum()
+                self.last_flip[k].masked_fill_(flipped, step)
                 self.signs[k] = sg
         self.step = step
 
@@ -408,8 +410,9 @@ class InvariantTracker:
             row[f"drift:{inv.name}"] = self.rel_drift(k)
         for key, m in self.stable_units.items():
             row[f"active:{key[0]}.{key[1]}"] = int(m.sum())
-        row["sign_flips"], row["activation_flips"] = self.sign_flips, self.activation_flips
-        self.sign_flips = self.activation_flips = 0
+        row["sign_flips"], row["activation_flips"] = int(self.sign_flips), int(self.activation_flips)
+        self.sign_flips.zero_()
+        self.activation_flips.zero_()
         if self.directions[-1][0] == step:
             self.directions.pop()
         self.directions.append((step, self._direction()))
@@ -425,7 +428,7 @@ class InvariantTracker:
                     "kind": inv.kind,
                     "reference": inv.reference,
                     "rel_drift": self.rel_drift(k),
-                    "step_residual": self.step_residual[k],
+                    "step_residual": float(self.step_residual[k]),
                     "cumulative_residual": self.cumulative_residual(k),
                     "in_scope": int(self.stable[k].sum()),
                     "size": self.stable[k].numel(),
