@@ -17,8 +17,14 @@ class Claim:
     expected: the value or range claimed.    measured: what this run measured.
     tolerance: the slack allowed ("" when the check is an inequality).
     passed: the verdict: True, False, or None when the claim was not measured (a unit it rests on failed
-        or is unhealthy); `reason` then says why.
+        or is unhealthy, or is not at the critical point the claim presumes); `reason` then says why.
     units: the ids of the units the claim rests on; None (the default) means every unit of the run.
+    kind: "empirical" (its verdict depends on what training found: a reproduced result) or "identity"
+        (it holds for any parameters: a check of the code, reported apart and never counted as reproduced).
+    margin: the signed distance of the measurement to its threshold, relative to the threshold (`margin`):
+        > 0 inside, < 0 outside; None where the claim has no numeric threshold.
+    premise: "" or "critical": a statement the paper makes at critical points (or minima) of the
+        regularised loss; it is measured only on units whose stationarity certificate meets its tolerance.
     """
 
     statement: str
@@ -30,6 +36,9 @@ class Claim:
     id: str = ""
     reason: str = ""
     units: tuple[str, ...] | None = None
+    kind: str = "empirical"
+    margin: float | None = None
+    premise: str = ""
 
     @property
     def verdict(self) -> str:
@@ -67,8 +76,46 @@ def fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
-def claim(statement: str, reference: str, expected, measured, passed: bool, tolerance="", *, id: str = "") -> Claim:
-    """Build a `Claim`, formatting `expected`, `measured` and `tolerance` for the report; `id` names it stably."""
+KINDS = ("empirical", "identity")
+PREMISES = ("", "critical")
+
+
+def margin(measured: float, bound: float, relation: str = ">=", rtol: float = 0.0, atol: float = 0.0) -> float:
+    """The signed distance of `measured` to the threshold of ``measured <relation> bound``, relative to the
+    threshold: ``(measured - bound)/|bound|`` for ">=", ``(bound - measured)/|bound|`` for "<=", and for "=="
+    ``(allowed - |measured - bound|)/allowed`` with ``allowed = atol + rtol·|bound|`` (the share of the
+    tolerance left). Positive: the claim holds with that much room; negative: it fails by that much. A zero
+    bound (or a zero tolerance) is measured in absolute terms. NaN for a NaN measurement."""
+    if relation == "==":
+        allowed = atol + rtol * abs(bound)
+        gap = allowed - abs(measured - bound)
+        return gap / allowed if allowed > 0 else gap
+    if relation not in ("<=", ">="):
+        raise ValueError(f"relation must be one of '<=', '>=', '==', got {relation!r}")
+    gap = measured - bound if relation == ">=" else bound - measured
+    return gap / abs(bound) if bound != 0 and math.isfinite(bound) else gap
+
+
+def claim(
+    statement: str,
+    reference: str,
+    expected,
+    measured,
+    passed: bool,
+    tolerance="",
+    *,
+    id: str = "",
+    margin: float | None = None,
+    kind: str = "empirical",
+    premise: str = "",
+) -> Claim:
+    """Build a `Claim`, formatting `expected`, `measured` and `tolerance` for the report; `id` names it stably;
+    `margin` (see `featurelab.claims.margin`), `kind` and `premise` as in `Claim`."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if premise not in PREMISES:
+        raise ValueError(f"premise must be one of {PREMISES}, got {premise!r}")
+    m = None if margin is None or not math.isfinite(float(margin)) else float(margin)
     return Claim(
         statement,
         reference,
@@ -77,12 +124,49 @@ def claim(statement: str, reference: str, expected, measured, passed: bool, tole
         tolerance if isinstance(tolerance, str) else fmt(tolerance),
         bool(passed),
         id,
+        margin=m,
+        kind=kind,
+        premise=premise,
     )
 
 
-def claim_from_check(statement: str, reference: str, check: Check, *, id: str = "") -> Claim:
+def threshold_claim(
+    statement: str,
+    reference: str,
+    measured: float,
+    bound: float,
+    relation: str = ">=",
+    *,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    id: str = "",
+    kind: str = "empirical",
+    premise: str = "",
+) -> Claim:
+    """The `Claim` ``measured <relation> bound`` (within ``atol + rtol·|bound|`` for "=="; inequalities are
+    strict thresholds): verdict and margin computed here, from one comparison."""
+    mg = margin(measured, bound, relation, rtol, atol)
+    tolerance = ", ".join(f"{name}={fmt(v)}" for name, v in (("rtol", rtol), ("atol", atol)) if v)
+    return claim(
+        statement,
+        reference,
+        f"{relation} {fmt(float(bound))}",
+        float(measured),
+        bool(mg >= 0),
+        tolerance,
+        id=id,
+        margin=mg,
+        kind=kind,
+        premise=premise,
+    )
+
+
+def claim_from_check(
+    statement: str, reference: str, check: Check, *, id: str = "", kind: str = "empirical", premise: str = ""
+) -> Claim:
     """The `Claim` that `check` (a measurement's `Check`) decides: expected ``<relation> bound``, the
-    measured side, its tolerance and verdict."""
+    measured side, its tolerance, verdict and margin (`margin`; inequalities count their slack ``atol +
+    rtol·|bound|`` as inside)."""
     tolerance = ", ".join(f"{name}={fmt(v)}" for name, v in (("rtol", check.rtol), ("atol", check.atol)) if v)
     return claim(
         statement,
@@ -92,4 +176,15 @@ def claim_from_check(statement: str, reference: str, check: Check, *, id: str = 
         check.passed,
         tolerance,
         id=id,
+        margin=_check_margin(check),
+        kind=kind,
+        premise=premise,
     )
+
+
+def _check_margin(check: Check) -> float:
+    if check.relation == "==":
+        return margin(float(check.measured), float(check.bound), "==", check.rtol, check.atol)
+    allowed = check.atol + check.rtol * abs(float(check.bound))
+    shifted = float(check.bound) + (allowed if check.relation == "<=" else -allowed)
+    return margin(float(check.measured), shifted, check.relation)

@@ -117,6 +117,7 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
         try:
             if isinstance(res, Exception):
                 raise res
+            job.model.cpu()  # `finish` measures on the CPU, next to the unit's data
             result = with_health(
                 exp.finish(cfg, unit, job.model, res, UnitContext(path, item.device, False, progress)), job
             )
