@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from pydantic import Field
 
-from ..claims import claim
+from ..claims import claim, margin, threshold_claim
 from ..config import ExperimentConfig
 from ..data import digits, mnist
 from ..data.mnist import require_mnist
@@ -160,18 +160,22 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             sep,
             sep >= 0.9 and sep > sep0,
             id="class-separation",
+            margin=min(margin(sep, 0.9, ">="), margin(sep, sep0, ">=")),
         )
     ]
     for lay in lays:
         claims.append(
-            claim(
-                f"neurons of layer {lay['layer']} align along rays: most alive neurons ({lay['alive']}) have another "
-                f"on their ray, a nearest cosine neighbour >= {cfg.ray_cosine} (init: {lay['ray_share_init']:.3f})",
+            threshold_claim(
+                f"neurons of layer {lay['layer']} align along rays ('the neurons naturally align along rays starting "
+                f"from the origin', §2 on Fig. 1b, 1d): share of the alive neurons ({lay['alive']}) with another on "
+                f"their ray, a nearest cosine neighbour >= {cfg.ray_cosine} (init: {lay['ray_share_init']:.3f}); "
+                "'most' is our reading",
                 ref,
-                f">= {cfg.ray_majority:g}",
                 lay["ray_share"],
-                lay["ray_share"] >= cfg.ray_majority,
+                cfg.ray_majority,
+                ">=",
                 id=f"rays-layer{lay['layer']}",
+                premise="critical",
             )
         )
     summary = {

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from pydantic import Field, PositiveInt
 
-from ..claims import claim
+from ..claims import claim, margin, threshold_claim
 from ..config import ExperimentConfig
 from ..data import Dataset, digits, mnist
 from ..data.mnist import require_mnist
@@ -40,6 +40,7 @@ from ..training.plateaus import plateau_start
 from .base import Analysis, Experiment, TrainingUnit
 
 TAUS = (0.01, 0.025, 0.05, 0.10)
+REF = "docs/theory/sparsity.md §6; Jacot et al. 2022 Fig. 2"
 
 
 class Sweep(OptimizerConfig):
@@ -245,10 +246,81 @@ def onehot_cp_rank(labels: torch.Tensor) -> list[int | None]:
     return [b.lower, b.upper]
 
 
+def interval_claim(statement: str, reference: str, measured: float, lo: float, hi: float, **kw):
+    """The claim lo <= `measured` <= hi, its margin the smaller of the two sides' (`margin`)."""
+    mg = min(margin(measured, lo, ">="), margin(measured, hi, "<="))
+    return claim(statement, reference, f"[{lo:g}, {hi:g}]", measured, mg >= 0, margin=mg, **kw)
+
+
+def plateau_claims(d: str, table: pd.DataFrame, m_at: dict, m_inf: float, nstar: dict) -> list:
+    """The claims of Fig. 2 on one dataset's m(w): the gap of a narrow width and where the plateau starts
+    (statements about the minimal loss: premise "critical"), and the test error of the wide nets."""
+    claims = []
+    if d == "digits":
+        if 4 in m_at:
+            claims.append(
+                threshold_claim(
+                    "digits: a width-4 net is clearly worse than the plateau: m(4)/m_inf",
+                    REF,
+                    m_at[4] / m_inf,
+                    1.4,
+                    ">=",
+                    id="digits-m4-gap",
+                    premise="critical",
+                )
+            )
+        claims.append(
+            interval_claim(
+                "digits: the plateau starts near 10, n*(5%)",
+                REF,
+                nstar["0.05"],
+                8,
+                16,
+                id="digits-plateau-start",
+                premise="critical",
+            )
+        )
+        claims.append(
+            threshold_claim("digits: n*(1%)", REF, nstar["0.01"], 48, "<=", id="digits-nstar-1pct", premise="critical")
+        )
+        big = table[table["width"] >= 16]
+        if len(big):
+            claims.append(
+                threshold_claim(
+                    "digits: test error of the chosen run at every width >= 16 (max)",
+                    REF,
+                    float(big["test_error"].max()),
+                    0.05,
+                    "<=",
+                    id="digits-test-error",
+                )
+            )
+    elif d == "teacher":
+        if 1 in m_at:
+            claims.append(
+                threshold_claim(
+                    "teacher: width 1 is far from the plateau: m(1)/m_inf",
+                    REF,
+                    m_at[1] / m_inf,
+                    5,
+                    ">=",
+                    id="teacher-m1-gap",
+                    premise="critical",
+                )
+            )
+        claims.append(
+            interval_claim("teacher: n*(10%)", REF, nstar["0.1"], 6, 32, id="teacher-plateau-start", premise="critical")
+        )
+    else:
+        claims.append(
+            interval_claim("MNIST: n*(5%)", REF, nstar["0.05"], 8, 20, id="mnist-plateau-start", premise="critical")
+        )
+    return claims
+
+
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     rows = pd.DataFrame(results.values())
     claims, figures, tables, summary, notes = [], {}, {"runs": rows}, {}, []
-    ref = "docs/theory/sparsity.md §6; Jacot et al. 2022 Fig. 2"
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for d in cfg.datasets:
         sub = rows[rows["dataset"] == d]
@@ -274,77 +346,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         m_at = dict(zip(widths, m))
         if d != "teacher":
             summary[d]["prop14_width_bound"] = onehot_cp_rank(make_data(cfg, d).Y_train)
-        if d == "digits":
-            if 4 in m_at:
-                claims.append(
-                    claim(
-                        "digits: a width-4 net is clearly worse than the plateau, m(4) >= 1.4 m_inf",
-                        ref,
-                        ">= 1.4",
-                        m_at[4] / m_inf,
-                        m_at[4] >= 1.4 * m_inf,
-                        id="digits-m4-gap",
-                    )
-                )
-            claims.append(
-                claim(
-                    "digits: the plateau starts near 10, n*(5%) in [8, 16]",
-                    ref,
-                    "[8, 16]",
-                    nstar["0.05"],
-                    8 <= nstar["0.05"] <= 16,
-                    id="digits-plateau-start",
-                )
-            )
-            claims.append(
-                claim("digits: n*(1%) <= 48", ref, "<= 48", nstar["0.01"], nstar["0.01"] <= 48, id="digits-nstar-1pct")
-            )
-            big = table[table["width"] >= 16]
-            if len(big):
-                worst = float(big["test_error"].max())
-                claims.append(
-                    claim(
-                        "digits: test error <= 5% for every width >= 16 (chosen run)",
-                        ref,
-                        "<= 0.05",
-                        worst,
-                        worst <= 0.05,
-                        id="digits-test-error",
-                    )
-                )
-        elif d == "teacher":
-            if 1 in m_at:
-                claims.append(
-                    claim(
-                        "teacher: width 1 is far from the plateau, m(1) >= 5 m_inf",
-                        ref,
-                        ">= 5",
-                        m_at[1] / m_inf,
-                        m_at[1] >= 5 * m_inf,
-                        id="teacher-m1-gap",
-                    )
-                )
-            claims.append(
-                claim(
-                    "teacher: n*(10%) in [6, 32]",
-                    ref,
-                    "[6, 32]",
-                    nstar["0.1"],
-                    6 <= nstar["0.1"] <= 32,
-                    id="teacher-plateau-start",
-                )
-            )
-        else:
-            claims.append(
-                claim(
-                    "MNIST: n*(5%) in [8, 20]",
-                    ref,
-                    "[8, 20]",
-                    nstar["0.05"],
-                    8 <= nstar["0.05"] <= 20,
-                    id="mnist-plateau-start",
-                )
-            )
+        claims += plateau_claims(d, table, m_at, m_inf, nstar)
         # m(w) is a min over trials: its claims rest on the chosen runs, not on a collapsed trial beside them
         claims[first_claim:] = [c.rests_on(table["id"]) for c in claims[first_claim:]]
         first_claim = len(claims)
@@ -354,28 +356,28 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         else:
             worst_out = float(healthy["reduced_output_error"].max())
             claims.append(
-                claim(
+                threshold_claim(
                     f"{d}: Carathéodory reduction keeps every healthy trained network's training outputs "
-                    f"({len(healthy)} networks)",
+                    f"({len(healthy)} networks): max|Δf|/max|f| (float64)",
                     "docs/theory/sparsity.md §5b",
-                    "max|Δf|/max|f| <= 1e-8",
                     worst_out,
-                    worst_out <= 1e-8,
-                    "1e-8 relative, float64",
+                    1e-8,
+                    "<=",
                     id=f"{d}-caratheodory-outputs",
+                    kind="identity",
                 )
             )
             rise = float(((healthy["reduced_loss"] - healthy["loss"]) / healthy["loss"]).max())
             claims.append(
-                claim(
+                threshold_claim(
                     f"{d}: Carathéodory reduction never increases the regularized loss "
-                    f"({len(healthy)} healthy networks)",
+                    f"({len(healthy)} healthy networks): max (L' - L)/L, up to rounding",
                     "docs/theory/sparsity.md §5b step 6",
-                    "(L' - L)/L <= 1e-12",
                     rise,
-                    rise <= 1e-12,
-                    "1e-12 relative (rounding)",
+                    1e-12,
+                    "<=",
                     id=f"{d}-caratheodory-loss",
+                    kind="identity",
                 )
             )
             claims[first_claim:] = [c.rests_on(healthy["id"]) for c in claims[first_claim:]]
