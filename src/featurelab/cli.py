@@ -1,24 +1,28 @@
-"""The ``featurelab`` command line: list, run, bench, report, analyze.
+"""The ``featurelab`` command line: list, run, reproduce, bench, report, analyze.
 
 A user's mistake (bad key, value, path, device, damaged run folder) prints one line
 ``featurelab: error: ...`` and exits with status 2; never a stack trace. A run that finished with failed
-or unhealthy units exits with status 1 and says so on its last line.
+or unhealthy units, or whose empirical claims do not all pass (or a check of the code fails), exits with
+status 1 and says so on its last line; so do ``run --seeds`` and ``reproduce`` when a claim is not reproduced.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import signal
 import sys
 from pathlib import Path
 
+from ._version import __version__
+from .catalog import CATALOG, presets
 from .errors import FeaturelabError
 
 
 def _cmd_list(args) -> int:
-    from .experiments import EXPERIMENTS
-
-    for e in EXPERIMENTS:
-        print(f"{e.name:24s} presets: {', '.join(e.presets):22s} {e.summary}")
+    for e in CATALOG:
+        print(f"{e.name:21s} {', '.join(e.presets):21s} {e.what}")
+    print("featurelab run NAME [--preset quick|tiny|paper]: --preset defaults to quick (minutes on a 2-core CPU)")
     return 0
 
 
@@ -26,6 +30,8 @@ def _cmd_run(args) -> int:
     from .config import parse_overrides
     from .runs.runner import run_experiment
 
+    if args.seeds is not None:
+        return _run_seeds(args, parse_overrides(args.set or []))
     record = run_experiment(
         args.experiment,
         preset=args.preset,
@@ -42,21 +48,77 @@ def _cmd_run(args) -> int:
         address=args.address,
         retries=args.retries,
     )
-    from .claims import verdict
+    from .claims import fmt_margin, tally, verdict
 
     if record.already_finished:
         print(f"run folder '{record.dir}' holds a finished run; nothing was changed")
-    n_pass = sum(c["passed"] is True for c in record.claims)
     for c in record.claims:
         why = f" [{c['reason']}]" if c.get("reason") else ""
-        print(f"  [{verdict(c['passed'])}] {c['statement']}  (measured {c['measured']}, expected {c['expected']}){why}")
-    n_none = sum(c["passed"] is None for c in record.claims)
-    print(f"claims: {n_pass}/{len(record.claims)} pass" + (f", {n_none} not measured" if n_none else ""))
+        kind = " (check of the code)" if c.get("kind") == "identity" else ""
+        margin = f", margin {fmt_margin(c.get('margin'))}" if c.get("margin") is not None else ""
+        print(
+            f"  [{verdict(c['passed'])}] {c['statement']}{kind}  "
+            f"(measured {c['measured']}, expected {c['expected']}{margin}){why}"
+        )
+    n = tally(record.claims)
+    none = f", {n['claims_not_measured']} not measured" if n["claims_not_measured"] else ""
+    checks = f"; checks of the code: {n['identity_passed']}/{n['identity_total']} pass" if n["identity_total"] else ""
+    print(f"claims: {n['claims_passed']}/{n['claims_total']} pass{none}{checks}")
     print(f"report: {record.report.resolve()}")
     if record.problems:
         print(f"featurelab: {record.problems}")
         return 1
+    if not record.all_passed:
+        print("featurelab: not every claim passed (exit status 1)")
+        return 1
     return 0
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise FeaturelabError(f"--seeds={text!r} is not allowed: give comma-separated integers, e.g. 0,1,2") from None
+
+
+def _run_kwargs(args) -> dict:
+    keys = ("device", "workers", "threads", "backend", "address", "retries")
+    progress = None if not args.quiet else False
+    return {k: getattr(args, k) for k in keys} | {"progress": progress, "batch": not args.no_batch}
+
+
+def _run_seeds(args, overrides: dict) -> int:
+    """``run EXP --seeds 0,1,2``: the preset under each seed and in float64, and the robustness table."""
+    from .claims import fmt_margin
+    from .runs.reproduce import run_robustness
+
+    if args.seed is not None:
+        raise FeaturelabError("--seed and --seeds exclude each other: give the seeds in --seeds")
+    table = run_robustness(
+        args.experiment, args.preset, _seed_list(args.seeds), overrides, out=args.out, **_run_kwargs(args)
+    )
+    for c in table["claims"]:
+        tag = "reproduced" if c["reproduced"] else "NOT reproduced"
+        tag = "check of the code" if c["kind"] == "identity" else tag
+        runs = [f"{k} {v} {fmt_margin(c['margins'].get(k))}".rstrip() for k, v in c["verdicts"].items()]
+        print(f"  [{tag}] {c['id']}: " + ", ".join(runs))
+    print(f"claims reproduced (pass under every variant): {table['reproduced']}/{table['empirical']}")
+    return 0 if table["reproduced"] == table["empirical"] else 1
+
+
+def _cmd_reproduce(args) -> int:
+    from .runs.reproduce import reproduce, update_markdown
+
+    out = Path(args.out)
+    if args.markdown:
+        update_markdown(args.markdown, out / "index.json")
+        print(f"tables of '{args.markdown}' regenerated from '{out / 'index.json'}'")
+        return 0
+    only = args.only.split(",") if args.only else None
+    index = reproduce(args.preset, _seed_list(args.seeds), out, only=only, **_run_kwargs(args))
+    print(f"empirical claims reproduced: {index['reproduced']}/{index['empirical']}")
+    print(f"index: {(out / 'index.html').resolve()}")
+    return 0 if index["reproduced"] == index["empirical"] else 1
 
 
 def _cmd_bench(args) -> int:
@@ -104,21 +166,64 @@ def _cmd_analyze(args) -> int:
     return 0
 
 
+def _experiments_text() -> str:
+    rows = "\n".join(f"  {e.name:21s} {', '.join(e.presets)}" for e in CATALOG)
+    return f"experiments and their presets (quick is the default):\n{rows}\n\n"
+
+
+_EXAMPLES = {
+    "featurelab": """  featurelab list                                    # the experiments and their presets
+  featurelab run leaky-bottleneck --preset tiny      # seconds; runs/leaky-bottleneck-tiny/report.html
+  featurelab analyze weights.safetensors --out analysis-1
+featurelab COMMAND --help shows each command's options and examples.""",
+    "list": """  featurelab list""",
+    "run": """  featurelab run leaky-bottleneck                    # quick preset -> runs/leaky-bottleneck-quick/
+  featurelab run forces --preset tiny --out runs/smoke
+  featurelab run leaky-bottleneck --preset paper --device cuda --set lam=0.001
+  featurelab run leaky-bottleneck --out runs/x --resume   # continue an interrupted run""",
+    "bench": """  featurelab bench --only a,b                        # matmul peak and batched ensembles
+  featurelab bench --paper --device cuda --out bench-gpu.json""",
+    "report": """  featurelab report runs/leaky-bottleneck-quick""",
+    "analyze": """  featurelab analyze weights.safetensors             # the layers of a weights file
+  featurelab analyze mypkg.nets:make_mlp --data digits --weights mlp.safetensors --out analysis-mlp
+  featurelab analyze mypkg.nets:make_conv --data digits --shape 1,8,8 --jacobian 50""",
+}
+
+
+def _command(sub, name: str, help: str, *, before: str = "") -> argparse.ArgumentParser:
+    """A subcommand whose --help states `help`, then `before` (kept as written) and its examples."""
+    return sub.add_parser(
+        name,
+        help=help,
+        description=help,
+        epilog=f"{before}examples:\n{_EXAMPLES[name]}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="featurelab",
         description="Feature learning in deep networks: train, "
         "measure, reproduce the papers' figures and check their claims.",
+        epilog=f"{_experiments_text()}examples:\n{_EXAMPLES['featurelab']}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list the experiments and their presets").set_defaults(func=_cmd_list)
-    r = sub.add_parser("run", help="run an experiment and write its run folder and report.html")
-    r.add_argument("experiment")
-    r.add_argument("--preset", default="quick", help="quick (CPU, minutes), paper (the paper's settings), ...")
+    p.add_argument("--version", action="version", version=f"featurelab {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _command(sub, "list", "list the experiments and their presets").set_defaults(func=_cmd_list)
+    r = _command(sub, "run", "run an experiment and write its run folder and report.html", before=_experiments_text())
+    r.add_argument("experiment", metavar="EXPERIMENT", help="the experiment's name (listed below)")
+    r.add_argument(
+        "--preset",
+        default="quick",
+        help=f"one of {', '.join(presets())} (default quick: a 2-core CPU in minutes; tiny: seconds; "
+        "paper: the paper's settings, for a GPU or a cluster)",
+    )
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     r.add_argument("--out", default=None, help="run folder (default runs/EXP-PRESET)")
-    r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    r.add_argument("--seed", type=int, default=None, help="master seed (overrides the preset's)")
+    r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
+    r.add_argument("--seed", type=int, default=None, help="master seed (default: the preset's)")
     r.add_argument("--resume", action="store_true", help="continue an unfinished run in --out")
     r.add_argument("--workers", type=int, default=None, help="worker processes for sweeps (default: cores)")
     r.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
@@ -127,21 +232,45 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", default="local", help="local (worker processes, default) or ray")
     r.add_argument("--address", default=None, help="Ray cluster HOST:PORT (default: RAY_ADDRESS)")
     r.add_argument("--retries", type=int, default=2, help="Ray: re-runs of a task whose worker died (default 2)")
+    r.add_argument(
+        "--seeds",
+        default=None,
+        metavar="S,S,...",
+        help="run the preset under each seed and once in float64, each in a subfolder of --out, and write "
+        "robustness.json/.html: a claim is reproduced when it passes under all (docs/reproduction.md)",
+    )
     r.set_defaults(func=_cmd_run)
-    b = sub.add_parser("bench", help="measure speed: matmul peak, batched ensembles, diagnostics, quick presets")
+    rp = sub.add_parser(
+        "reproduce",
+        help="every experiment that needs no local files, under seeds and float64: index.html, index.json",
+    )
+    rp.add_argument("--preset", default="quick", help="preset of every experiment (default quick)")
+    rp.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2); float64 runs seed 1st")
+    rp.add_argument("--out", default="runs/reproduce", help="folder, one subfolder per experiment (resumable)")
+    rp.add_argument("--only", default=None, help="comma-separated experiments (default: all that need no files)")
+    rp.add_argument("--markdown", default=None, metavar="FILE", help="only regenerate FILE's tables from the index")
+    rp.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    rp.add_argument("--workers", type=int, default=None, help="worker processes for sweeps (default: cores)")
+    rp.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    rp.add_argument("--quiet", action="store_true", help="no progress bars")
+    rp.add_argument("--no-batch", action="store_true", help="train same-shape runs one by one, not as ensembles")
+    rp.set_defaults(func=_cmd_reproduce, backend="local", address=None, retries=2)
+    b = _command(sub, "bench", "measure speed: matmul peak, batched ensembles, diagnostics, quick presets")
     b.add_argument("--only", default=None, help="comma-separated figures among a,a2,b,c,d,e,g (default all)")
     b.add_argument("--paper", action="store_true", help="also (f): wall time and claims of every paper preset")
     b.add_argument("--experiments", default=None, help="comma-separated experiments for (e) (default all)")
     b.add_argument("--out", default="bench.json", help="JSON file for the results (default bench.json)")
-    b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     b.add_argument("--threads", type=int, default=1, help="torch threads for (a)-(d) (default 1, as sweep workers)")
     b.set_defaults(func=_cmd_bench)
-    rep = sub.add_parser("report", help="rebuild report.html of a finished run folder")
-    rep.add_argument("run_dir")
+    rep = _command(sub, "report", "rebuild report.html of a finished run folder")
+    rep.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (runs/EXP-PRESET by default)")
     rep.set_defaults(func=_cmd_report)
-    a = sub.add_parser("analyze", help="ranks, spectra and representations of a model: table, figures, report.html")
+    a = _command(sub, "analyze", "ranks, spectra and representations of a model: table, figures, report.html")
     a.add_argument("target", help="weights.safetensors (weights only) or package.module:factory")
-    a.add_argument("--data", default=None, help="digits or a .npz file with X (and Y) for a factory's model")
+    a.add_argument(
+        "--data", default=None, help="digits or a .npz file with X (and Y) for a factory's model (default: none)"
+    )
     a.add_argument("--n", type=int, default=1000, help="digits samples (default 1000)")
     a.add_argument("--shape", default=None, help="reshape each row, e.g. 1,8,8 for a conv net on digits")
     a.add_argument("--weights", default=None, help="safetensors state dict to load into the factory's model")
@@ -152,15 +281,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _tolerant_output() -> None:
+    """A terminal that cannot encode a character (PYTHONIOENCODING=ascii, a latin-1 locale) shows it
+    replaced: a unicode path or a formula in a message never crashes the program."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="replace")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    command = None
     try:
+        _tolerant_output()
+        args = build_parser().parse_args(argv)
+        command = args.command
         return args.func(args)
     except FeaturelabError as exc:
         print(f"featurelab: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("featurelab: interrupted; continue with the same command plus --resume", file=sys.stderr)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not interrupt the message
+        hint = "; continue with the same command plus --resume" if command == "run" else ""
+        print(f"featurelab: interrupted{hint}", file=sys.stderr)
         return 130
 
 
