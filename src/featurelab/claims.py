@@ -76,6 +76,29 @@ def fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
+def tally(claims: list[dict]) -> dict:
+    """The counts of a run's claims (dicts, as in ``claims.json``): ``claims_passed``, ``claims_failed``,
+    ``claims_not_measured`` and ``claims_total`` count the empirical claims only (the reproduced results);
+    ``identity_passed`` and ``identity_total`` the identity claims (checks of the code), counted apart."""
+    empirical = [c for c in claims if c.get("kind", "empirical") != "identity"]
+    identity = [c for c in claims if c.get("kind", "empirical") == "identity"]
+    return {
+        "claims_passed": sum(c["passed"] is True for c in empirical),
+        "claims_failed": sum(c["passed"] is False for c in empirical),
+        "claims_not_measured": sum(c["passed"] is None for c in empirical),
+        "claims_total": len(empirical),
+        "identity_passed": sum(c["passed"] is True for c in identity),
+        "identity_total": len(identity),
+    }
+
+
+def fmt_margin(value) -> str:
+    """A claim's margin as text: a signed percentage of its threshold ("+12%", "-3.1%"); "" when it has none."""
+    if value is None or isinstance(value, str):
+        return "" if value is None else value
+    return f"{100 * value:+.3g}%"
+
+
 KINDS = ("empirical", "identity")
 PREMISES = ("", "critical")
 

@@ -1,5 +1,9 @@
-"""The self-contained ``report.html`` of a run: figures inline, claims table, tables, config,
-versions and timings. It is rebuilt from the run folder's files alone (``featurelab report DIR``)."""
+"""The self-contained ``report.html`` of a run: figures inline, claims tables, tables, config,
+versions and timings. It is rebuilt from the run folder's files alone (``featurelab report DIR``).
+
+Claims are shown with their kind and margin (`featurelab.claims.Claim`): the empirical claims (what
+training found: the reproduced results) in the headline and the first table; the identity claims (true for
+any parameters: checks of the code) in a section of their own, never counted in the headline."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import html
 import json
 from pathlib import Path
 
-from ..claims import verdict
+from ..claims import fmt_margin, tally, verdict
 from ..errors import FeaturelabError
 from ..io import read_csv, read_json, read_yaml, write_text
 
@@ -20,6 +24,7 @@ td,th{border:1px solid #ccc;padding:.3em .5em;vertical-align:top}
 th{background:#f4f4f4}tr.pass td.verdict{background:#dff5df;color:#145214;font-weight:bold}
 tr.fail td.verdict{background:#fbdcdc;color:#8a1010;font-weight:bold}
 tr.unmeasured td.verdict{background:#eee;color:#555;font-weight:bold}
+td.pass{background:#dff5df}td.fail{background:#fbdcdc}td.unmeasured{background:#eee}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
 pre{background:#f7f7f7;padding:.8em;overflow:auto;font-size:.85em}.summary{font-size:1.1em}
 """
@@ -31,7 +36,7 @@ def _esc(x) -> str:
 
 def _claims_table(claims: list[dict]) -> str:
     head = "".join(
-        f"<th>{h}</th>" for h in ("#", "statement", "reference", "expected", "measured", "tolerance", "pass")
+        f"<th>{h}</th>" for h in ("#", "statement", "reference", "expected", "measured", "tolerance", "margin", "pass")
     )
     head = f"<tr>{head}</tr>"
     rows = []
@@ -41,7 +46,7 @@ def _claims_table(claims: list[dict]) -> str:
         rows.append(
             f"<tr class='{cls}'><td>{i}</td><td>{_esc(c['statement'])}</td><td>{_esc(c['reference'])}</td>"
             f"<td>{_esc(c['expected'])}</td><td>{_esc(c['measured'])}</td><td>{_esc(c['tolerance'])}</td>"
-            f"<td class='verdict'>{verdict(c['passed'])}{why}</td></tr>"
+            f"<td>{_esc(fmt_margin(c.get('margin')))}</td><td class='verdict'>{verdict(c['passed'])}{why}</td></tr>"
         )
     return f"<table>{head}{''.join(rows)}</table>"
 
@@ -116,21 +121,31 @@ def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
                 raise FeaturelabError(f"'{run / 'results.json'}' lacks {key!r}; {FIX}")
     claims = check_claims(run)
     config_text = yaml_text(run / "config.yaml")
-    n_pass = sum(c["passed"] is True for c in claims)
-    n_none = sum(c["passed"] is None for c in claims)
+    counts = tally(claims)
+    n_none = counts["claims_not_measured"]
     unmeasured = f" {n_none} not measured." if n_none else ""
+    identity = [c for c in claims if c.get("kind") == "identity"]
+    checks = f" Checks of the code: {counts['identity_passed']} of {counts['identity_total']} pass." if identity else ""
     unhealthy = results.get("unhealthy", {})
     parts = [
         page_head(results["experiment"]),
         f"<h1>{_esc(results['experiment'])} <small>({_esc(results['preset'])})</small></h1>",
         f"<p>{_esc(results.get('summary_text', ''))}</p><p><b>Reference:</b> {_esc(results.get('reference', ''))}</p>",
-        f"<p class='summary'><b>Claims: {n_pass} of {len(claims)} pass.{unmeasured}</b> "
+        f"<p class='summary'><b>Claims: {counts['claims_passed']} of {counts['claims_total']} pass.{unmeasured}</b>"
+        f"{checks} "
         f"Device {_esc(results.get('device'))}; {results.get('n_units', 0)} runs "
         f"({len(results.get('failed', {}))} failed, {len(unhealthy)} unhealthy); "
         f"wall time {results.get('seconds', 0):.1f} s.</p>",
-        "<h2>Claims</h2>",
-        _claims_table(claims),
+        "<h2>Claims</h2><p>Margin: the signed distance of the measurement to its threshold, relative to the "
+        "threshold (negative: outside).</p>",
+        _claims_table([c for c in claims if c.get("kind") != "identity"]),
     ]
+    if identity:
+        parts += [
+            "<h2>Checks of the code</h2><p>Identities that hold for any parameters: they check the code, "
+            "not what training found, and are never counted as reproduced results.</p>",
+            _claims_table(identity),
+        ]
     for title, entries in (("Failed runs", results.get("failed")), ("Unhealthy runs", unhealthy)):
         if entries:
             parts.append(

@@ -8,9 +8,12 @@ then re-runs those (the previous record stays in place until the new one replace
 writes the folder it holds the folder's lock (`featurelab.runs.lock.RunLock`). Everything the config
 decides is checked before the folder is touched.
 
-Health: a unit whose result is marked ``"unhealthy"`` (a diverged, collapsed or chance-level network,
-`featurelab.training.health`) leaves every claim resting on it (`Claim.units`; by default all) "not
-measured"; a run with failed or unhealthy units says so (`RunRecord.problems`) and the CLI exits with status 1.
+Health: a unit whose result is marked ``"unhealthy"`` (a diverged, collapsed, chance-level or untrained
+network, `featurelab.training.health`) leaves every claim resting on it (`Claim.units`; by default all) "not
+measured"; so does a unit without a certified critical point (its result's ``"certificate"``) for a claim
+whose premise is "critical" (`Claim.premise`). A run with failed or unhealthy units says so
+(`RunRecord.problems`); one whose empirical claims do not all pass, or whose checks of the code fail, is not
+`RunRecord.all_passed`; the CLI exits with status 1 in both cases.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..claims import Claim, claim
+from ..claims import Claim, claim, fmt, tally
 from ..config import merge, validate
 from ..errors import FeaturelabError
 from ..experiments import get_experiment
@@ -51,7 +54,10 @@ class RunRecord:
 
     @property
     def all_passed(self) -> bool:
-        return all(c["passed"] is True for c in self.claims)
+        """Every empirical claim passed and no identity claim (a check of the code) failed."""
+        return all(
+            c["passed"] is True if c.get("kind") != "identity" else c["passed"] is not False for c in self.claims
+        )
 
     @property
     def problems(self) -> str:
@@ -156,18 +162,40 @@ def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
     return None
 
 
-def _claim_gate(claims: list[Claim], unhealthy: dict[str, str]) -> list[Claim]:
+def _claim_gate(claims: list[Claim], unhealthy: dict[str, str], results: dict[str, dict] | None = None) -> list[Claim]:
     """Each claim "not measured" while a unit it rests on (`Claim.units`; None: every unit) is unhealthy: a
-    claim cannot rest on a trivial solution."""
+    claim cannot rest on a trivial solution; and a claim whose premise is "critical" while a unit it rests on
+    (among `results`, unit id -> result) has no ``"certificate"`` with ``certified`` true: a statement about
+    critical points is not measured away from one."""
     gated = []
     for c in claims:
         bad = {u: why for u, why in unhealthy.items() if c.units is None or u in c.units}
+        if not bad and c.premise == "critical":
+            bad = {
+                u: not_critical(r)
+                for u, r in (results or {}).items()
+                if (c.units is None or u in c.units) and not_critical(r)
+            }
+            what = "not at a critical point"
+        else:
+            what = "unhealthy"
         if bad:
             uid, why = next(iter(bad.items()))
             more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-            c = c.not_measured(f"unit unhealthy: {uid}: {why}{more}")
+            c = c.not_measured(f"unit {what}: {uid}: {why}{more}")
         gated.append(c)
     return gated
+
+
+def not_critical(result: dict) -> str:
+    """ "" when the unit `result` carries a certified critical point, else why not ("stationarity 3e-2 >
+    1e-6", or that it has no certificate)."""
+    cert = result.get("certificate")
+    if not isinstance(cert, dict):
+        return "no stationarity certificate"
+    if cert.get("certified") is True:
+        return ""
+    return f"stationarity {fmt(cert.get('stationarity'), 2)} > {fmt(cert.get('tolerance'), 2)}"
 
 
 def _finished_record(run: Path) -> RunRecord:
@@ -295,7 +323,7 @@ def _run(exp, cfg, run: Path, preset: str, sweep_args: dict) -> RunRecord:
             f"({', '.join(sweep.failed)}; first: {next(iter(sweep.failed.values()))}) [{one_line(exc)}]; "
             "fix their cause (units/<id>/error.txt) and run again with --resume"
         ) from None
-    claims = _claim_gate(list(analysis.claims), unhealthy)
+    claims = _claim_gate(list(analysis.claims), unhealthy, sweep.results)
     if len(units) > 1:
         claims.append(
             claim(
@@ -305,6 +333,7 @@ def _run(exp, cfg, run: Path, preset: str, sweep_args: dict) -> RunRecord:
                 len(sweep.results),
                 len(sweep.results) == len(units),
                 id="sweep-complete",
+                kind="identity",
             )
         )
     for fname, fig in analysis.figures.items():
@@ -330,9 +359,7 @@ def _run(exp, cfg, run: Path, preset: str, sweep_args: dict) -> RunRecord:
         "summary": analysis.summary,
         "notes": analysis.notes,
         "versions": versions(),
-        "claims_passed": sum(c["passed"] is True for c in claim_dicts),
-        "claims_not_measured": sum(c["passed"] is None for c in claim_dicts),
-        "claims_total": len(claim_dicts),
+        **tally(claim_dicts),
     }
     report = render_report(run, results)
     write_json(run / "results.json", results)  # last: the run is finished

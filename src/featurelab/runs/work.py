@@ -119,7 +119,9 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
                 raise res
             job.model.cpu()  # `finish` measures on the CPU, next to the unit's data
             result = with_health(
-                exp.finish(cfg, unit, job.model, res, UnitContext(path, item.device, False, progress)), job
+                exp.finish(cfg, unit, job.model, res, UnitContext(path, item.device, False, progress)),
+                job,
+                res.history,
             )
             write_result(path, item, unit, seconds, result, ensemble=len(item.units))
             out.append(UnitOutcome(unit["id"], result, None, seconds))

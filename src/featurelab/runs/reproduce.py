@@ -1,0 +1,331 @@
+"""Verdicts that hold under other seeds and other rounding, and the whole reproduction in one command.
+
+`run_robustness` runs one preset of an experiment under each of several seeds and once in float64 (seed
+``seeds[0]``, ``dtype=float64``, where the config has a ``dtype`` field and the preset is not float64
+already), each in its own run folder ``OUT/seed-<s>`` and ``OUT/float64`` (resumable: a finished folder is
+only read). It then writes ``OUT/robustness.json`` and ``OUT/robustness.html``: per claim, every verdict
+and margin, and whether it is *reproduced*: an empirical claim passes under every variant. A claim of kind
+"identity" (a check of the code, true for any parameters) is listed apart and never counted as reproduced.
+
+`reproduce` does this for every experiment that needs no local files, one folder each, and writes
+``OUT/index.json`` and ``OUT/index.html`` (every claim of the five papers, linking each report);
+`update_markdown` regenerates the tables of a Markdown file (docs/reproduction.md) from ``index.json``
+between the markers `BEGIN` and `END`, leaving the hand-written text around them.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..claims import fmt_margin, verdict
+from ..errors import FeaturelabError
+from ..io import read_json, write_json, write_text
+from .report import page_head
+from .runner import resolve_config, run_experiment
+
+FLOAT64 = "float64"
+BEGIN = "<!-- featurelab reproduce --markdown: generated tables begin -->"
+END = "<!-- featurelab reproduce --markdown: generated tables end -->"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One run of a robustness check: its folder name, master seed and config overrides."""
+
+    label: str
+    seed: int
+    overrides: dict
+
+
+def variants(name: str, preset: str, seeds: list[int], overrides: dict | None = None) -> list[Variant]:
+    """One `Variant` per seed, plus a float64 one at ``seeds[0]`` where experiment `name`'s config has a
+    ``dtype`` field that the preset (with `overrides`) does not already set to float64. Checked up front:
+    the seeds (distinct integers >= 0, at least one) and every variant's config (one-line errors)."""
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
+        raise FeaturelabError(f"seeds={seeds!r} is not allowed: give one or more integers >= 0, e.g. 0,1,2")
+    if len(set(seeds)) != len(seeds):
+        raise FeaturelabError(f"seeds={seeds!r} is not allowed: the seeds must be distinct")
+    base = dict(overrides or {})
+    out = [Variant(f"seed-{s}", s, base) for s in seeds]
+    _, cfg = resolve_config(name, preset, base, seeds[0])
+    if "dtype" in type(cfg).model_fields and cfg.model_dump().get("dtype") != FLOAT64:
+        out.append(Variant(FLOAT64, seeds[0], {**base, "dtype": FLOAT64}))
+    for v in out:
+        resolve_config(name, preset, v.overrides, v.seed)
+    return out
+
+
+def run_robustness(
+    name: str,
+    preset: str = "quick",
+    seeds: list[int] = (0, 1, 2),  # type: ignore[assignment]
+    overrides: dict | None = None,
+    out: str | Path | None = None,
+    echo=print,
+    **run_kwargs,
+) -> dict:
+    """Run `name` at `preset` under each variant (`variants`) in ``out/<label>`` (default
+    ``runs/<name>-<preset>-seeds``), resuming what exists, and write ``robustness.json`` and
+    ``robustness.html`` in `out`; returns the robustness record (`robustness_table`). A variant that ends
+    in an error is recorded with it (its claims count as not reproduced) and the others go on.
+    run_kwargs: passed to `featurelab.runs.run_experiment` (workers, threads, device, progress, ...)."""
+    seeds = list(seeds)
+    todo = variants(name, preset, seeds, overrides)
+    root = Path(out) if out is not None else Path("runs") / f"{name}-{preset}-seeds"
+    runs = []
+    for v in todo:
+        folder = root / v.label
+        echo(f"{name} {preset} {v.label}: {folder}")
+        try:
+            record = run_experiment(name, preset, v.overrides, out=folder, seed=v.seed, resume=True, **run_kwargs)
+            runs.append(
+                {
+                    "label": v.label,
+                    "seed": v.seed,
+                    "dir": v.label,
+                    "claims": record.claims,
+                    "problems": record.problems,
+                    "error": "",
+                }
+            )
+        except FeaturelabError as exc:
+            runs.append(
+                {"label": v.label, "seed": v.seed, "dir": v.label, "claims": [], "problems": "", "error": str(exc)}
+            )
+            echo(f"  error: {exc}")
+    table = robustness_table(name, preset, runs)
+    write_json(root / "robustness.json", table)
+    write_text(root / "robustness.html", page_head(f"{name} robustness") + robustness_html(table) + "</body></html>")
+    echo(f"robustness: {(root / 'robustness.html').resolve()}")
+    return table
+
+
+def robustness_table(name: str, preset: str, runs: list[dict]) -> dict:
+    """The robustness record of experiment `name` from its variant runs (dicts with ``label``, ``seed``,
+    ``dir``, ``claims`` (the claim dicts), ``problems`` and ``error``): per claim (matched by id) its
+    statement, reference, kind and, per variant, verdict, margin and reason; ``reproduced`` is true for
+    an empirical claim that passes under every variant (a variant that lacks it counts as not passing)."""
+    labels = [r["label"] for r in runs]
+    rows: dict[str, dict] = {}
+    for r in runs:
+        for c in r["claims"]:
+            key = c.get("id") or c["statement"]
+            row = rows.setdefault(
+                key,
+                {
+                    "id": key,
+                    "statement": c["statement"],
+                    "reference": c["reference"],
+                    "expected": c["expected"],
+                    "kind": c.get("kind", "empirical"),
+                    "verdicts": {},
+                    "margins": {},
+                    "measured": {},
+                    "reasons": {},
+                },
+            )
+            row["verdicts"][r["label"]] = verdict(c["passed"])
+            row["margins"][r["label"]] = c.get("margin")
+            row["measured"][r["label"]] = c["measured"]
+            if c.get("reason"):
+                row["reasons"][r["label"]] = c["reason"]
+    for row in rows.values():
+        passes = [row["verdicts"].get(label) == "PASS" for label in labels]
+        row["reproduced"] = row["kind"] == "empirical" and bool(passes) and all(passes)
+        finite = [m for m in row["margins"].values() if isinstance(m, (int, float))]
+        row["min_margin"] = min(finite) if finite else None
+    claims = list(rows.values())
+    empirical = [c for c in claims if c["kind"] == "empirical"]
+    return {
+        "experiment": name,
+        "preset": preset,
+        "variants": [
+            {k: r[k] for k in ("label", "seed", "dir", "problems", "error")} | {"report": f"{r['dir']}/report.html"}
+            for r in runs
+        ],
+        "claims": claims,
+        "reproduced": sum(c["reproduced"] for c in empirical),
+        "empirical": len(empirical),
+        "identity": len(claims) - len(empirical),
+    }
+
+
+def _esc(x) -> str:
+    return html.escape(str(x))
+
+
+def _cell(row: dict, label: str) -> str:
+    v = row["verdicts"].get(label, "")
+    cls = {"PASS": "pass", "FAIL": "fail"}.get(v, "unmeasured")
+    why = row["reasons"].get(label, "")
+    title = f" title='{_esc(why)}'" if why else ""
+    measured = _esc(row["measured"].get(label, ""))
+    margin = _esc(fmt_margin(row["margins"].get(label)))
+    return f"<td class='{cls}'{title}><b>{_esc(v or 'absent')}</b> {margin}<br><small>{measured}</small></td>"
+
+
+def _claims_html(table: dict, kind: str, prefix: str = "") -> str:
+    rows = [c for c in table["claims"] if c["kind"] == kind]
+    if not rows:
+        return ""
+    labels = [v["label"] for v in table["variants"]]
+    head = "".join(f"<th><a href='{_esc(prefix + v['report'])}'>{_esc(v['label'])}</a></th>" for v in table["variants"])
+    last = "<th>reproduced</th>" if kind == "empirical" else ""
+    body = []
+    for c in rows:
+        rep = ""
+        if kind == "empirical":
+            rep = (
+                f"<td class='{'pass' if c['reproduced'] else 'fail'}'><b>{'yes' if c['reproduced'] else 'no'}</b></td>"
+            )
+        body.append(
+            f"<tr><td><code>{_esc(c['id'])}</code><br>{_esc(c['statement'])}<br><small>{_esc(c['reference'])}; "
+            f"expected {_esc(c['expected'])}</small></td>"
+            + "".join(_cell(c, label) for label in labels)
+            + rep
+            + "</tr>"
+        )
+    return f"<table><tr><th>claim</th>{head}{last}</tr>{''.join(body)}</table>"
+
+
+def robustness_html(table: dict, prefix: str = "", level: int = 1) -> str:
+    """The body of a robustness page: headline (empirical claims only), the empirical claims' table
+    (verdict and margin per variant, linked to its report), the identity claims apart, variant errors."""
+    h, h2 = f"h{level}", f"h{level + 1}"
+    parts = [
+        f"<{h}>{_esc(table['experiment'])} <small>({_esc(table['preset'])})</small></{h}>",
+        f"<p class='summary'><b>{table['reproduced']} of {table['empirical']} claims reproduced</b> (passed under "
+        f"every one of {', '.join(v['label'] for v in table['variants'])}); margins are the signed distance to "
+        "each claim's threshold, relative to it.</p>",
+        _claims_html(table, "empirical", prefix),
+    ]
+    identity = _claims_html(table, "identity", prefix)
+    if identity:
+        parts += [
+            f"<{h2}>Checks of the code and the run (hold for any parameters; never counted as reproduced)</{h2}>",
+            identity,
+        ]
+    for v in table["variants"]:
+        if v["error"] or v["problems"]:
+            parts.append(f"<p><b>{_esc(v['label'])}</b>: {_esc(v['error'] or v['problems'])}</p>")
+    return "\n".join(parts)
+
+
+def reproduce(
+    preset: str = "quick",
+    seeds: list[int] = (0, 1, 2),  # type: ignore[assignment]
+    out: str | Path = "runs/reproduce",
+    only: list[str] | None = None,
+    echo=print,
+    **run_kwargs,
+) -> dict:
+    """`run_robustness` for every registered experiment that needs no local files and has `preset` (or
+    those named in `only`), each in ``out/<name>``; then writes ``out/index.json`` and ``out/index.html``.
+    Resumable: run it again to finish what an interruption left. Returns the index."""
+    from ..bench import NEEDS_LOCAL_FILES
+    from ..experiments import EXPERIMENTS, get_experiment
+
+    names = [e.name for e in EXPERIMENTS if e.name not in NEEDS_LOCAL_FILES and preset in e.presets]
+    if only is not None:
+        for n in only:
+            get_experiment(n)
+        names = [n for n in names if n in only]
+    if not names:
+        raise FeaturelabError(f"preset={preset!r}: no experiment that needs no local files has it")
+    root = Path(out)
+    for n in names:  # every config checked before anything runs
+        variants(n, preset, list(seeds))
+    tables = [run_robustness(n, preset, list(seeds), out=root / n, echo=echo, **run_kwargs) for n in names]
+    index = {
+        "preset": preset,
+        "seeds": list(seeds),
+        "experiments": [
+            {"name": t["experiment"], "reference": get_experiment(t["experiment"]).reference, "dir": t["experiment"]}
+            for t in tables
+        ],
+        "tables": tables,
+        "reproduced": sum(t["reproduced"] for t in tables),
+        "empirical": sum(t["empirical"] for t in tables),
+        "identity": sum(t["identity"] for t in tables),
+    }
+    write_json(root / "index.json", index)
+    write_text(root / "index.html", index_html(index))
+    return index
+
+
+def index_html(index: dict) -> str:
+    """The reproduction's index page: headline, then each experiment's robustness tables (linked)."""
+    parts = [
+        page_head("reproduction"),
+        f"<h1>Reproduction <small>(preset {_esc(index['preset'])}, seeds "
+        f"{', '.join(map(str, index['seeds']))} and float64)</small></h1>",
+        f"<p class='summary'><b>{index['reproduced']} of {index['empirical']} empirical claims reproduced</b> "
+        f"(passed under every seed and in float64); {index['identity']} checks of the code listed apart.</p><ul>",
+    ]
+    parts += [
+        f"<li><a href='#{_esc(t['experiment'])}'>{_esc(t['experiment'])}</a>: {t['reproduced']}/{t['empirical']}</li>"
+        for t in index["tables"]
+    ]
+    parts.append("</ul>")
+    for t in index["tables"]:
+        parts.append(f"<section id='{_esc(t['experiment'])}'>")
+        parts.append(robustness_html(t, prefix=f"{t['experiment']}/", level=2))
+        parts.append("</section>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _md(x) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_tables(index: dict) -> str:
+    """The Markdown tables of `index`: per experiment, claims x variants (verdict and margin), reproduced
+    or not; identity claims in a table of their own."""
+    out = [
+        f"Generated by `featurelab reproduce --preset {index['preset']} --seeds "
+        f"{','.join(map(str, index['seeds']))}`: **{index['reproduced']} of {index['empirical']} empirical "
+        f"claims reproduced** (pass under every variant); {index['identity']} checks of the code listed apart.",
+        "",
+    ]
+    for t in index["tables"]:
+        labels = [v["label"] for v in t["variants"]]
+        out += [f"### `{t['experiment']}` ({t['reproduced']}/{t['empirical']} reproduced)", ""]
+        for kind, title in (("empirical", "reproduced"), ("identity", "kind")):
+            rows = [c for c in t["claims"] if c["kind"] == kind]
+            if not rows:
+                continue
+            out.append("| claim | " + " | ".join(labels) + f" | {title} |")
+            out.append("|---" * (len(labels) + 2) + "|")
+            for c in rows:
+                cells = [
+                    f"{c['verdicts'].get(label, 'absent')} {fmt_margin(c['margins'].get(label))}".strip()
+                    for label in labels
+                ]
+                last = ("yes" if c["reproduced"] else "**no**") if kind == "empirical" else "identity"
+                out.append(f"| `{_md(c['id'])}` | " + " | ".join(_md(x) for x in cells) + f" | {last} |")
+            out.append("")
+        for v in t["variants"]:
+            if v["error"] or v["problems"]:
+                out += [f"{v['label']}: {_md(v['error'] or v['problems'])}", ""]
+    return "\n".join(out)
+
+
+def update_markdown(path: str | Path, index_path: str | Path) -> None:
+    """Replace what lies between `BEGIN` and `END` in the Markdown file `path` with `markdown_tables` of
+    the index at `index_path` (written by `reproduce`); the rest of the file is kept as it is."""
+    path = Path(path)
+    if not path.is_file():
+        raise FeaturelabError(f"'{path}' is not a file; give an existing Markdown file with the markers")
+    text = path.read_text(encoding="utf-8")
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise FeaturelabError(f"'{path}' must hold the marker lines {BEGIN} and {END} once each, in that order")
+    index = read_json(index_path, kind=dict, fix="run `featurelab reproduce` first")
+    for key in ("preset", "seeds", "tables", "reproduced", "empirical", "identity"):
+        if key not in index:
+            raise FeaturelabError(f"'{index_path}' lacks {key!r}: it is not an index written by `featurelab reproduce`")
+    head, rest = text.split(BEGIN)
+    _, tail = rest.split(END)
+    write_text(path, f"{head}{BEGIN}\n{markdown_tables(index)}\n{END}{tail}")
