@@ -110,15 +110,15 @@ class Experiment(Generic[C]):
             progress=ctx.progress,
         )
         job.model.cpu()  # `finish` measures on the CPU, next to the unit's data
-        return with_health(self.finish(cfg, unit, job.model, result, ctx), job)
+        return with_health(self.finish(cfg, unit, job.model, result, ctx), job, result.history)
 
 
-def with_health(result: dict, job: TrainingUnit) -> dict:
-    """`result` with ``"unhealthy"`` set to `training_health`'s reason when the trained `job` is unhealthy
-    (a reason the experiment gave itself is kept)."""
+def with_health(result: dict, job: TrainingUnit, history=None) -> dict:
+    """`result` with ``"unhealthy"`` set to `training_health`'s reason when the trained `job` is unhealthy,
+    its training `history` (a DataFrame with ``loss``) included (a reason the experiment gave itself is kept)."""
     from ..training.health import training_health
 
     if result.get("unhealthy"):
         return result
-    reason = training_health(job.model, job.data, getattr(job.config, "objective", "mse"))
+    reason = training_health(job.model, job.data, getattr(job.config, "objective", "mse"), history)
     return {**result, "unhealthy": reason} if reason else result
