@@ -17,7 +17,7 @@ from featurelab.data import bottleneck_teacher
 from featurelab.data.separable import separable
 from featurelab.models.conv import Conv
 from featurelab.models.residual import Dense, Flatten, HomogeneousNet, ResBlock
-from featurelab.training import engine
+from featurelab.training import engine, stack
 from featurelab.training.checkpoint import load_checkpoint
 from featurelab.training.ensemble import ensemble_key, train_ensemble
 
@@ -423,12 +423,12 @@ def test_homogeneous_net_ensembles_take_the_stacked_forward(arch, monkeypatch):
     """HomogeneousNet is `Stackable`: its ensembles run one stacked forward pass, never vmap; the stacked
     forward and penalty give each member's own output ``M x N x 1`` and ``(M,)`` penalty."""
     members = [homogeneous_net(arch, i) for i in range(3)]
-    assert isinstance(members[0], engine.Stackable)
+    assert isinstance(members[0], stack.Stackable)
     data = separable(16, 0, members[0].d_in, 0.1, seed=0)
     tensors = [dict(m.named_parameters()) | dict(m.named_buffers()) for m in members]
     state = {f"model.{k}": torch.stack([t[k] for t in tensors]) for k in tensors[0]}
     lam = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
-    objective = engine._Objective(members[0], "logistic", [])
+    objective = stack._Objective(members[0], "logistic", [])
     out = torch.func.functional_call(members[0], {k[6:]: v for k, v in state.items()}, (data.X_train,))
     cost, pen = torch.func.functional_call(objective, state, (data.X_train, data.Y_train, lam, []))
     with torch.no_grad():
@@ -441,7 +441,7 @@ def test_homogeneous_net_ensembles_take_the_stacked_forward(arch, monkeypatch):
     def no_vmap(*args, **kwargs):
         raise AssertionError("the ensemble was vmapped")
 
-    monkeypatch.setattr(engine, "vmap", no_vmap)
+    monkeypatch.setattr(stack, "vmap", no_vmap)
     config = TrainConfig(objective="logistic", lam=0.01, phases=[Phase(optimizer="sgd", steps=3, lr=1e-2)])
     results = train_ensemble(members, data, config)
     assert all(not isinstance(r, Exception) for r in results)

@@ -6,7 +6,7 @@ Only taken on CUDA, for phases whose step is the same kernels every time: no L-B
 branches on the host), no ``on_step`` callbacks and no ``lr_rule``. Those phases run eagerly; the
 engine says so once per reason. The step's inputs that change between replays live in static device
 tensors the engine refills before each replay (the step index for the schedule, the mini-batch
-indices); the optimizer state is updated in place (`engine._update`), so the graph reads and writes the
+indices); the optimizer state is updated in place (`optim.update`), so the graph reads and writes the
 same memory every replay. Work between replays writes in place into the memory the graph reads: the
 loss guard's rollback (parameters, per-member lr scale, optimizer restart counts; the graph always
 carries the restart masks) and the adaptive Leaky-ResNet steps (the ρ buffer). docs/scale.md says what
@@ -61,3 +61,53 @@ def capture(body: Callable[[], None]) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph):
         body()
     return graph
+
+
+class Replayer:
+    """A phase's step as CUDA graphs, one per mini-batch shape (an epoch's last batch may be smaller):
+    `WARMUP_STEPS` real steps on a side stream, then one capture, then a replay per step.
+
+    `step_body(k, idx) -> (lr, loss)` is the engine's step; here it reads the step index `k` (a float64
+    device scalar, counted up by the graph) and the mini-batch indices from static tensors refilled before
+    each replay (`indices`), and its per-member lr is copied to the static `lr` (read at log steps)."""
+
+    def __init__(self, step_body: Callable, k0: int, lr0: torch.Tensor):
+        self.step_body = step_body
+        self.k = torch.full((), float(k0), dtype=torch.float64, device=lr0.device)
+        self.lr = lr0.clone()
+        self.idx: torch.Tensor | None = None
+        self.graphs: dict = {}  # batch shape (None: full batch) -> [graph or None, static indices, warm-up steps]
+        self.entry: list = []
+
+    def body(self) -> None:
+        lr, _ = self.step_body(self.k, self.idx)
+        with torch.no_grad():
+            self.lr.copy_(lr)
+            self.k.add_(1)
+
+    def indices(self, idx: torch.Tensor | None) -> torch.Tensor | None:
+        """Copy this step's mini-batch indices into the static tensor of their shape; returns it."""
+        key = None if idx is None else tuple(idx.shape)
+        self.entry = self.graphs.setdefault(key, [None, None if idx is None else idx.clone(), 0])
+        if idx is not None:
+            self.entry[1].copy_(idx)
+        self.idx = self.entry[1]
+        return self.idx
+
+    def step(self, before_capture: Callable[[], None]) -> bool:
+        """Run one step (warm-up, capture then replay, or replay); False when the capture failed and the
+        phase must go on eagerly (this step not taken). `before_capture` runs right before a capture."""
+        entry = self.entry
+        if entry[0] is None and entry[2] >= WARMUP_STEPS:
+            before_capture()
+            try:
+                entry[0] = capture(self.body)
+            except RuntimeError as exc:
+                announce(f"a failed capture ({str(exc).splitlines()[0] if str(exc) else exc!r})")
+                return False
+        if entry[0] is not None:
+            entry[0].replay()
+        else:
+            warmup(self.body)
+            entry[2] += 1
+        return True
