@@ -121,10 +121,11 @@ def train(
         config = TrainConfig.model_validate(config)
     if not isinstance(model, torch.nn.Module):
         raise FeaturelabError(f"model={type(model).__name__} is not allowed: it must be a torch.nn.Module")
-    if not isinstance(model, Trainable):
+    if config.lam > 0 and not isinstance(model, Trainable):
         raise FeaturelabError(
             f"model of type {type(model).__name__} has no penalty(lam), so featurelab cannot apply its L2 "
-            "convention: convert a Linear/activation chain with featurelab.from_torch(model)"
+            f"convention (lam={config.lam}): train with lam=0, or convert a Linear/activation chain with "
+            "featurelab.from_torch(model)"
         )
     data = check_training_inputs(model, data, config.objective)
     (result,) = run(
