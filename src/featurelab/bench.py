@@ -41,11 +41,11 @@ import torch
 
 from .errors import FeaturelabError
 from .io import write_json
+from .runs.reproduce import NEEDS_LOCAL_FILES
 from .runtime import resolve_device, versions
 
 FIGURES = ("a", "a2", "b", "c", "d", "e", "g")
 TARGETS = {"a": 0.75, "a_cuda": 6.0, "a2": 0.40, "b": 5.0, "c": 10.0, "d": 20.0, "e": 300.0, "f": 600.0, "g": 60.0}
-NEEDS_LOCAL_FILES = ("saddle-mnist",)  # MNIST is read from disk, never downloaded
 PAPER = {"d": 20, "width": 200, "depth": 50, "n": 1000, "effective_depth": 5.0, "lam": 0.002}
 
 

@@ -26,6 +26,7 @@ from .report import page_head
 from .runner import resolve_config, run_experiment
 
 FLOAT64 = "float64"
+NEEDS_LOCAL_FILES = ("saddle-mnist",)  # MNIST is read from disk, never downloaded: not part of `reproduce`
 BEGIN = "<!-- featurelab reproduce --markdown: generated tables begin -->"
 END = "<!-- featurelab reproduce --markdown: generated tables end -->"
 
@@ -224,7 +225,6 @@ def reproduce(
     """`run_robustness` for every registered experiment that needs no local files and has `preset` (or
     those named in `only`), each in ``out/<name>``; then writes ``out/index.json`` and ``out/index.html``.
     Resumable: run it again to finish what an interruption left. Returns the index."""
-    from ..bench import NEEDS_LOCAL_FILES
     from ..experiments import EXPERIMENTS, get_experiment
 
     names = [e.name for e in EXPERIMENTS if e.name not in NEEDS_LOCAL_FILES and preset in e.presets]
