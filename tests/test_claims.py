@@ -1,0 +1,147 @@
+"""Verdicts at their thresholds, margins in closed form, kinds counted apart, premises gated.
+
+Each test names the plausible bug it catches: a strict comparison where the claim is "<=" or ">=", a
+tolerance applied ten times, an identity check counted as a reproduced result, a claim about critical
+points measured on a unit that is not at one.
+"""
+
+import json
+import math
+
+import pytest
+
+from featurelab.claims import claim, claim_from_check, margin, tally, threshold_claim
+from featurelab.results import Check
+from featurelab.runs.report import render_report
+from featurelab.runs.runner import RunRecord, _claim_gate, not_critical
+
+
+# ----------------------------------------------------------------------- the boundary is inside
+@pytest.mark.parametrize("relation", ["<=", ">="])
+def test_a_measurement_at_its_bound_holds(relation):
+    """``measured <= bound`` and ``>=`` include equality (a `<` in the comparison fails here)."""
+    assert Check.holds(2.0, 2.0, relation) is True
+    c = threshold_claim("at the bound", "ref", 2.0, 2.0, relation)
+    assert c.passed is True and c.margin == 0.0
+    outside = 2.0 + (1e-12 if relation == "<=" else -1e-12)
+    assert Check.holds(outside, 2.0, relation) is False
+    assert threshold_claim("just outside", "ref", outside, 2.0, relation).passed is False
+
+
+def test_an_equality_at_the_edge_of_its_tolerance_holds():
+    # |1.5 - 1| = 0.5 = atol exactly (every number here is a binary fraction: no rounding)
+    assert Check.holds(1.5, 1.0, "==", atol=0.5) is True
+    c = threshold_claim("at the edge", "ref", 1.5, 1.0, "==", atol=0.5)
+    assert c.passed is True and c.margin == 0.0
+    assert threshold_claim("past it", "ref", 1.5 + 2**-40, 1.0, "==", atol=0.5).passed is False
+
+
+# ------------------------------------------------------------------------ tolerances as given
+@pytest.mark.parametrize("rtol", [1e-3, 0.01, 0.1])
+def test_a_measurement_just_outside_its_tolerance_fails(rtol):
+    """At 1.1x the allowed distance every route fails, with margin -0.1 (a tolerance applied 10x would
+    pass with margin +0.89)."""
+    bound = 4.0
+    measured = bound * (1 + 1.1 * rtol)
+    assert Check.holds(measured, bound, "==", rtol=rtol) is False
+    c = threshold_claim("close to 4", "ref", measured, bound, "==", rtol=rtol)
+    assert c.passed is False and c.margin == pytest.approx(-0.1, rel=1e-9)
+    check = Check(
+        passed=Check.holds(measured, bound, "==", rtol), measured=measured, bound=bound, relation="==", rtol=rtol
+    )
+    from_check = claim_from_check("close to 4", "ref", check)
+    assert from_check.passed is False and from_check.margin == pytest.approx(-0.1, rel=1e-9)
+    # an inequality with slack: bound + slack is the threshold, 1.1x past the bound by the slack fails
+    above = bound + 1.1 * rtol * bound
+    le = Check(passed=Check.holds(above, bound, "<=", rtol), measured=above, bound=bound, relation="<=", rtol=rtol)
+    assert le.passed is False and claim_from_check("below 4", "ref", le).margin < 0
+    inside = bound * (1 + 0.9 * rtol)
+    assert threshold_claim("close to 4", "ref", inside, bound, "==", rtol=rtol).margin == pytest.approx(0.1, rel=1e-9)
+
+
+def test_margin_closed_forms():
+    assert margin(12.5, 10.0, ">=") == pytest.approx(0.25)  # the demo's target: 25 % above the F4 threshold
+    assert margin(9.807, 10.0, ">=") == pytest.approx(-0.0193)  # the F4 gap that sat at its threshold
+    assert margin(0.5, 2.0, "<=") == pytest.approx(0.75)
+    assert margin(1.02, 1.0, "==", rtol=0.04) == pytest.approx(0.5)  # half the tolerance left
+    assert margin(-3.0, -2.0, ">=") == pytest.approx(-0.5)  # relative to |bound|
+    assert margin(0.1, 0.0, "<=") == pytest.approx(-0.1)  # a zero bound: absolute
+    assert math.isnan(margin(math.nan, 1.0))
+
+
+def test_claim_checks_kind_and_premise():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        claim("s", "r", 1, 1, True, kind="empiric")
+    with pytest.raises(ValueError, match="premise must be one of"):
+        claim("s", "r", 1, 1, True, premise="minimum")
+    assert claim("s", "r", 1, 1, True, margin=math.nan).margin is None
+
+
+# -------------------------------------------------------------- identity claims counted apart
+def claims_of(*spec):
+    return [
+        claim(f"claim {i}", "ref", 1, 1, bool(p), id=f"c{i}", kind=k, margin=0.25).to_dict()
+        | ({"passed": None} if p is None else {})
+        for i, (k, p) in enumerate(spec)
+    ]
+
+
+def test_tally_counts_empirical_claims_only():
+    claims = claims_of(("empirical", True), ("empirical", False), ("empirical", None), ("identity", True))
+    assert tally(claims) == {
+        "claims_passed": 1,
+        "claims_failed": 1,
+        "claims_not_measured": 1,
+        "claims_total": 3,
+        "identity_passed": 1,
+        "identity_total": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    "spec, ok",
+    [
+        ((("empirical", True), ("identity", True)), True),
+        ((("empirical", True), ("identity", False)), False),  # a check of the code failed
+        ((("empirical", None), ("identity", True)), False),  # not measured is not passed
+        ((("empirical", False),), False),
+        ((("identity", True),), True),
+    ],
+)
+def test_all_passed_needs_every_empirical_claim(tmp_path, spec, ok):
+    assert RunRecord(tmp_path, tmp_path / "report.html", claims_of(*spec), {}).all_passed is ok
+
+
+def test_report_headline_counts_empirical_claims_and_lists_identities_apart(tmp_path):
+    claims = claims_of(("empirical", True), ("empirical", False), ("identity", True), ("identity", True))
+    (tmp_path / "claims.json").write_text(json.dumps(claims))
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    render_report(tmp_path, {"experiment": "x", "preset": "tiny"})
+    html = (tmp_path / "report.html").read_text()
+    assert "Claims: 1 of 2 pass." in html and "Checks of the code: 2 of 2 pass." in html
+    head, checks = html.split("<h2>Checks of the code</h2>")
+    assert "claim 0" in head and "claim 2" not in head and "claim 2" in checks and "claim 3" in checks
+    assert "<td>+25%</td>" in head and "<td>+25%</td>" in checks  # every claim shows its margin
+
+
+# ------------------------------------------------------------------------------------ premises
+CERT_OFF = {"stationarity": 3e-2, "tolerance": 1e-6, "certified": False}
+CERT_ON = {"stationarity": 4e-7, "tolerance": 1e-6, "certified": True}
+
+
+def test_claims_at_critical_points_need_certified_units():
+    results = {"off": {"certificate": CERT_OFF}, "on": {"certificate": CERT_ON}, "none": {}}
+    at_off = claim("at a critical point", "ref", 1, 1, True, id="off", premise="critical").rests_on(["off"])
+    at_on = claim("at a critical point", "ref", 1, 1, True, id="on", premise="critical").rests_on(["on"])
+    everywhere = claim("at every critical point", "ref", 1, 1, True, id="all", premise="critical")
+    anywhere = claim("any parameters", "ref", 1, 1, True, id="any")  # no premise: measured regardless
+    gated = {c.id: c for c in _claim_gate([at_off, at_on, everywhere, anywhere], {}, results)}
+    assert gated["off"].passed is None
+    assert gated["off"].reason == "unit not at a critical point: off: stationarity 0.03 > 1e-06"
+    assert gated["on"].passed is True and gated["on"].reason == ""
+    assert gated["all"].passed is None and gated["all"].reason.endswith("and 1 more")
+    assert gated["any"].passed is True
+    assert not_critical({}) == "no stationarity certificate"
+    # an unhealthy unit is reported as such first
+    sick = _claim_gate([at_off], {"off": "stalled: x"}, results)[0]
+    assert sick.reason == "unit unhealthy: off: stalled: x"
