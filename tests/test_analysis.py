@@ -180,18 +180,11 @@ def test_conv_net_kernels_and_image_inputs(data):
 def test_residual_module_hooks(data):
     X, _ = data
     net = ResNet()
-    res = fl.analyze(net, X)
-    names = list(res.representations["name"])
-    assert names == [
-        "input",
-        "blocks.0.body.1",
-        "blocks.0.act",
-        "blocks.0",
-        "blocks.1.body.1",
-        "blocks.1.act",
-        "blocks.1",
-        "output",
-    ]
+    res = fl.analyze(net, X)  # default: the repeated blocks' outputs, the residual stream
+    assert list(res.representations["name"]) == ["input", "blocks.0", "blocks.1", "output"]
+    chosen = fl.analyze(net, X, representations=["blocks.*.body.1", nn.ReLU, "inp"])
+    names = list(chosen.representations["name"])
+    assert names == ["input", "inp", "blocks.0.body.1", "blocks.0.act", "blocks.1.body.1", "blocks.1.act", "output"]
     with torch.no_grad():
         h = net.double().inp(X.double())
         h = net.blocks[0](h)

@@ -1,0 +1,311 @@
+"""`analyze`: the feature-learning measurements of any PyTorch model in one call (rows are samples).
+
+The model is analysed on a float64 CPU copy in eval mode; the model itself is never modified. Its layer
+model (`layers.layer_model`: weight layers in forward order, BatchNorm folded, attention split, pairs) gives
+one row per weight layer; with data, forward hooks give one row per chosen representation
+(`representations.select`).
+
+Formulas (s_1 >= s_2 >= ... the singular values; docs/analyze.md states each with its source):
+- stable rank ‖M‖²_F/‖M‖²_op, nuclear rank ‖M‖²_*/‖M‖²_F (Jacot & Kaiser, arXiv 2405.17573, Prop. 1),
+  threshold effective rank #{s_i >= effective_rtol·s_1}, entropy effective rank exp(−Σ p_i log p_i),
+  p_i = s_i/Σ s_j (Roy & Vetterli, EUSIPCO 2007), numerical rank #{s_i > rtol·s_1} (Jacot, arXiv 2306.00394);
+- COI_γ(A) = Tr[Aᵀ(K + γI)⁻¹A], K = σ(A)σ(A)ᵀ, σ(A) = [ReLU(A), 1], γ = γ₀‖K‖_op (arXiv 2405.17573 §2.2);
+- per-neuron balancedness ‖w_in‖² + b² − ‖w_out‖² (arXiv 2306.00394 §2.4; invariant under gradient flow of
+  positively homogeneous nets, Du, Hu & Lee, arXiv 1806.00900, Thm. 2.1);
+- adjacent alignment |⟨u_1(W_l), v_1(W_{l+1})⟩| (Le & Jegelka, arXiv 2201.11968, Thm. 2, eq. (15));
+- bottleneck rank k_mid = median over the middle layers of #{s_i(W_l) > 0.1} after `rebalance`
+  (arXiv 2306.00394 §4a);
+- WeightWatcher's norm, spectral norm, stable rank and power-law exponent alpha of its ESD
+  (`spectra.weightwatcher_columns`; Martin & Mahoney, JMLR 22, 2021).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..checks import int_at_least, non_negative
+from ..errors import FeaturelabError
+from ..measurements.bottleneck import bottleneck_rank, rebalance
+from ..measurements.jacobian import jacobian_ranks, ntk_trace
+from ..measurements.ranks import spectrum_ranks
+from ..models.convert import from_torch, to_torch
+from ..models.leaky_resnet import LeakyResNet
+from ..models.mlp import MLP
+from .attention import head_rows
+from .layers import Layer, input_side, layer_model
+from .loaders import WeightsChain
+from .report import ModelAnalysis
+from .representations import capture, row, select
+from .spectra import weightwatcher_columns, weightwatcher_eigenvalues
+
+
+def _check_model(model: nn.Module) -> None:
+    if not isinstance(model, nn.Module):
+        raise FeaturelabError(f"model must be a torch nn.Module, got {type(model).__name__}")
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    meta = [n for n, p in named if p.is_meta]
+    if meta:
+        raise FeaturelabError(
+            f"model has tensors on the meta device ({', '.join(meta[:3])}{', ...' if len(meta) > 3 else ''}), which "
+            "hold no values: load its weights first (model.to_empty(device='cpu') then load_state_dict)"
+        )
+    empty = [n for n, p in model.named_parameters() if p.numel() == 0]
+    if empty:
+        raise FeaturelabError(f"model has empty parameters ({', '.join(empty[:5])}); every weight needs entries")
+    bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(p).all()]
+    if bad:
+        raise FeaturelabError(f"model has NaN or inf in {', '.join(bad[:5])}; all weights must be finite")
+
+
+def _as_samples(name: str, X) -> torch.Tensor:
+    if isinstance(X, np.ndarray):
+        if X.dtype.kind not in "biuf":
+            raise FeaturelabError(f"{name} has dtype {X.dtype}; allowed: numeric arrays (bool, int, float)")
+        X = torch.from_numpy(X)
+    if not isinstance(X, torch.Tensor):
+        raise FeaturelabError(f"{name} must be a tensor or array with one row per sample, got {type(X).__name__}")
+    if X.ndim == 0:
+        raise FeaturelabError(f"{name} is a 0-d tensor (a scalar); it needs one row per sample (N x ...)")
+    if len(X) == 0:
+        raise FeaturelabError(f"{name} has 0 rows; it needs at least one sample")
+    return X.detach().cpu()
+
+
+def _fit(out: torch.Tensor, Y) -> dict:
+    Y = _as_samples("Y", Y)
+    if len(Y) != len(out):
+        raise FeaturelabError(f"Y has {len(Y)} rows but X has {len(out)}; both need one row per sample")
+    if not (Y.is_floating_point() or Y.is_complex()):  # labels of any integer dtype
+        Y = Y.long().reshape(-1)
+        pred = out.argmax(1) if out.ndim == 2 and out.shape[1] > 1 else (out.reshape(-1) > 0).long()
+        return {"train_error": float((pred != Y).double().mean())}
+    if Y.numel() != out.numel():
+        raise FeaturelabError(f"Y has shape {tuple(Y.shape)} but the model's output has {tuple(out.shape)}")
+    Y = Y.double().reshape(out.shape)
+    return {"relative_mse": float(((out - Y) ** 2).sum() / ((Y - Y.mean(0)) ** 2).sum().clamp_min(1e-300))}
+
+
+def _ww(layer: Layer) -> dict:
+    """WeightWatcher's columns of `layer`, read from the stored kernel as WeightWatcher reads it."""
+    m = layer.module
+    if isinstance(m, nn.Linear | nn.Conv1d | nn.Conv2d) and layer.kind in ("linear", "conv", "grouped conv"):
+        W = m.weight.detach()
+        return weightwatcher_columns(weightwatcher_eigenvalues(W, isinstance(m, nn.Conv2d)))
+    return weightwatcher_columns(weightwatcher_eigenvalues(layer.matrix, False))
+
+
+def _layer_rows(lm, top, effective_rtol, rtol, weightwatcher):
+    """The layers table, the spectra and the per-unit balance of every homogeneous pair."""
+    by_name = {layer.name: layer for layer in lm.layers}
+    paired = set(lm.pairs) | {p.b for p in lm.pairs.values()}
+    svd = {
+        layer.name: torch.linalg.svd(layer.matrix, full_matrices=False) if layer.name in paired else None
+        for layer in lm.layers
+    }
+    rows, spectra, balance = [], {}, {}
+    for layer in lm.layers:
+        full = svd[layer.name]
+        s = full.S if full is not None else torch.linalg.svdvals(layer.matrix)
+        spectra[layer.name] = s.numpy()
+        r = {
+            "name": layer.name,
+            "type": layer.type,
+            "kind": layer.kind,
+            "shape": "x".join(map(str, layer.shape)),
+            "matrix": f"{layer.matrix.shape[0]}x{layer.matrix.shape[1]}",
+            "groups": layer.groups,
+            "folded": layer.folded,
+        }
+        r |= {f"sv{i + 1}": float(s[i]) if i < len(s) else np.nan for i in range(top)}
+        r |= {
+            "frobenius_sq": float((s**2).sum()),
+            "bias_sq": float((layer.bias**2).sum()) if layer.bias is not None else 0.0,
+        }
+        r |= spectrum_ranks(s, effective_rtol=effective_rtol, numerical_rtol=rtol)
+        r |= {"next": "", "balance_mean": np.nan, "balance_residual": np.nan, "alignment": np.nan}
+        pair = lm.pairs.get(layer.name)
+        nxt = by_name[pair.b] if pair else None
+        side = input_side(layer, nxt) if nxt is not None else None
+        if pair and side is not None and full is not None:
+            same = side.shape == nxt.matrix.shape and torch.equal(side, nxt.matrix)
+            v = svd[nxt.name].Vh[0] if same else torch.linalg.svd(side, full_matrices=False).Vh[0]
+            r["next"] = nxt.name
+            r["alignment"] = float((full.U[:, 0] @ v).abs())
+            if pair.homogeneous:
+                incoming = (layer.matrix**2).sum(1) + (layer.bias**2 if layer.bias is not None else 0.0)
+                outgoing = (side**2).sum(0)
+                diff, total = incoming - outgoing, incoming + outgoing
+                res = torch.where(total > 0, diff.abs() / total.clamp_min(1e-300), torch.zeros_like(diff))
+                balance[layer.name] = diff.numpy()
+                r |= {"balance_mean": float(diff.mean()), "balance_residual": float(res.max())}
+        if weightwatcher:
+            r |= _ww(layer)
+        rows.append(r)
+    return pd.DataFrame(rows), spectra, balance
+
+
+def _bottleneck(net, lm, layers, atol, notes, summary):
+    """k_mid of a rebalanced leaky-ReLU Linear chain (``nn.Sequential``), with count_rebalanced per layer."""
+    rebalanced_spectra, mlp = {}, None
+    reason = f"{type(net).__name__} is not an nn.Sequential Linear/activation chain"
+    if isinstance(net, nn.Sequential):
+        try:
+            mlp = from_torch(net)
+        except FeaturelabError as exc:
+            reason = str(exc)
+    if mlp is not None and not mlp.homogeneous:
+        mlp, reason = None, f"activation {mlp.activation!r} is not positively homogeneous"
+    elif mlp is not None and mlp.depth < 2:
+        mlp, reason = None, "a single weight layer has no middle layers"
+    summary["bottleneck"] = None
+    if mlp is not None:
+        try:
+            reb = rebalance(mlp, rtol=1e-6, max_sweeps=20000)  # singular values move by O(rtol)
+        except FeaturelabError as exc:
+            reason = str(exc)
+        else:
+            bn = bottleneck_rank(reb, atol=atol)
+            linear_rows = [i for i, layer in enumerate(lm.layers) if layer.kind == "linear"]
+            counts = [np.nan] * len(lm.layers)
+            for i, W in zip(linear_rows, reb.weight_matrices()):
+                s = torch.linalg.svdvals(W.detach())
+                rebalanced_spectra[lm.layers[i].name] = s.numpy()
+                counts[i] = int((s > atol).sum())
+            layers.insert(layers.columns.get_loc("numerical_rank") + 1, "count_rebalanced", counts)
+            summary["bottleneck"] = {
+                "k_mid": bn.k_mid,
+                "counts": bn.counts,
+                "layers": bn.layers,
+                "threshold": bn.atol,
+                "sq_norm": float(mlp.sq_norm().detach()),
+                "sq_norm_rebalanced": float(reb.sq_norm().detach()),
+            }
+    if summary["bottleneck"] is None:
+        notes.append(f"no bottleneck rank k_mid (read from a rebalanced leaky-ReLU Linear chain): {reason}")
+    return rebalanced_spectra
+
+
+def analyze(
+    model: nn.Module,
+    X=None,
+    Y=None,
+    *,
+    representations=None,
+    top: int = 5,
+    effective_rtol: float = 0.1,
+    rtol: float = 1e-3,
+    gamma: float = 1e-3,
+    atol: float = 0.1,
+    jacobian: int = 0,
+    weightwatcher: bool = True,
+) -> ModelAnalysis:
+    """Measure `model`'s weight layers and, with inputs X, its representations (module docstring).
+
+    model: any ``nn.Module``; a featurelab `MLP` is analysed as its ``to_torch`` chain.
+    X: inputs, rows are samples (``N x d_in``, or ``N x c x ...`` images for conv nets); None: weights only.
+    Y: optional targets (``N x d_out`` floats, or ``N`` integer labels of any integer dtype) for the fit.
+    representations: the module outputs to read (module names, glob patterns such as ``"blocks.*"``, or
+        nn.Module types); None: the repeated blocks' outputs (the residual stream) when the model has repeated
+        blocks, else every activation and custom module. Input and output rows are always there.
+    top: singular values listed per row. effective_rtol: threshold of the effective rank #{s_i >= effective_rtol·s_1}.
+    rtol: relative tolerance of the numerical rank (and of the Jacobian rank).
+    gamma: γ₀ of COI_γ (relative, γ = γ₀‖K‖_op; 0 skips it).
+    atol: absolute singular-value threshold of the bottleneck rank k_mid (on rebalanced weights).
+    jacobian: number of samples (the first rows of X) at which to compute the input-Jacobian rank and the NTK
+        trace Tr Θ(x, x) (0: off). Cost: one reverse pass per output and sample for the Jacobian, and one per
+        output and sample over the trainable parameters for the NTK (memory d_out·P per sample).
+    weightwatcher: add WeightWatcher's columns (ww_*: its ESD, norm, stable rank and power-law alpha).
+
+    Costs otherwise: one SVD per weight matrix (full for paired layers, values only otherwise), one forward
+    pass, and per representation one spectrum of ``N x units`` (Gram route when both sides exceed 512) and
+    COI_γ.
+    """
+    _check_model(model)
+    int_at_least("top", top, 1)
+    int_at_least("jacobian", jacobian, 0)
+    for name, v in (("effective_rtol", effective_rtol), ("rtol", rtol), ("gamma", gamma), ("atol", atol)):
+        non_negative(name, v)
+    t0 = time.perf_counter()
+    source = to_torch(model) if isinstance(model, MLP) else model
+    net = copy.deepcopy(source).cpu().to(torch.float64).eval()
+    notes: list[str] = []
+    summary: dict = {"parameters": sum(p.numel() for p in net.parameters())}
+    summary["trainable_parameters"] = sum(p.numel() for p in net.parameters() if p.requires_grad)
+
+    rep_rows, rep_spectra, calls = [], {}, None
+    if X is not None:
+        X = _as_samples("X", X).to(torch.float64)
+        if not torch.isfinite(X).all():
+            raise FeaturelabError("X contains NaN or inf; all entries must be finite")
+        names, rule = select(net, representations)
+        summary["representations"] = rule
+        try:
+            out, reps, calls = capture(net, X, names)
+        except (RuntimeError, TypeError, IndexError, ValueError) as exc:
+            raise FeaturelabError(
+                f"the model failed on X of shape {tuple(X.shape)} ({str(exc).splitlines()[0]}); give X in the shape "
+                "the model takes, rows are samples (conv nets: N x c x H x W; command line: --shape c,H,W)"
+            ) from None
+        if isinstance(net, LeakyResNet) and representations is None:
+            with torch.no_grad():
+                reps = [(f"A_{l}", "LeakyResNet", A, A) for l, A in enumerate(net.representations(X))]
+        for name, kind, coi_A, A in [("input", "input", X, X), *reps, ("output", "output", out, out)]:
+            r, s = row(name, kind, A, coi_A, top, effective_rtol, rtol, gamma)
+            rep_rows.append(r)
+            rep_spectra[name] = s
+        hidden = rep_rows[1:-1]
+        if hidden:
+            low = min(hidden, key=lambda r: r["effective_rank"])
+            summary["representation_bottleneck"] = {"name": low["name"], "effective_rank": low["effective_rank"]}
+        if Y is not None:
+            summary |= _fit(out, Y)
+    elif Y is not None:
+        raise FeaturelabError("Y was given without X; give the inputs X too")
+    elif representations is not None:
+        raise FeaturelabError("representations were chosen without X; give the inputs X too")
+
+    lm = layer_model(net, calls)
+    if not lm.layers:
+        raise FeaturelabError(f"model {type(model).__name__} has no weight matrix (no Linear, Conv or 2-D parameter)")
+    summary["layer_order"] = lm.order
+    notes += lm.notes
+    if isinstance(net, WeightsChain):
+        notes.append("weights file read as a Linear chain with a ReLU between layers (the file stores no activation)")
+    layers, spectra, balance = _layer_rows(lm, top, effective_rtol, rtol, weightwatcher)
+    rebalanced_spectra = _bottleneck(net, lm, layers, atol, notes, summary)
+    heads = pd.DataFrame([r for h in lm.heads for r in head_rows(h, effective_rtol, rtol)])
+
+    if jacobian:
+        if X is None:
+            raise FeaturelabError("jacobian > 0 needs inputs X")
+        t1 = time.perf_counter()
+        sub = X[:jacobian]
+        ranks = jacobian_ranks(net, sub, rtol=rtol)
+        trace = ntk_trace(net, sub)
+        summary["jacobian"] = {
+            "samples": len(sub),
+            "rank_max": int(ranks.max()),
+            "rank_median": float(ranks.double().median()),
+            "ntk_trace_mean": float(trace.mean()),
+            "ntk_trace_per_layer": float(trace.mean()) / len(lm.layers),
+            "seconds": time.perf_counter() - t1,
+        }
+    summary["seconds"] = time.perf_counter() - t0
+    summary["notes"] = notes
+    return ModelAnalysis(
+        layers,
+        pd.DataFrame(rep_rows),
+        summary,
+        spectra,
+        rep_spectra,
+        balance,
+        rebalanced_spectra,
+        pd.DataFrame(lm.norms),
+        heads,
+    )

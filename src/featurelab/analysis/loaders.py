@@ -1,0 +1,231 @@
+"""What the command line hands to `analyze`: a weights-only module from a safetensors file, a factory's model,
+inputs from digits or an ``.npz`` file. Every bad input is a one-line `FeaturelabError` naming the input and
+what is allowed, raised before anything is written; nothing is unpickled."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import zipfile
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils import skip_init
+
+from ..errors import FeaturelabError
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _natural(key: str) -> list:
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split(".")]
+
+
+def _read_safetensors(path: str | Path, what: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FeaturelabError(f"{what} '{path}' does not exist or is not a file")
+    try:
+        tensors = load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for a damaged file
+        raise FeaturelabError(f"{what} '{path}' is not a readable safetensors file ({_first_line(exc)})") from None
+    if not tensors:
+        raise FeaturelabError(f"{what} '{path}' holds no tensor")
+    empty = [k for k, T in tensors.items() if T.numel() == 0]
+    if empty:
+        raise FeaturelabError(f"{what} '{path}' has empty tensors ({', '.join(empty[:5])}); every tensor needs entries")
+    bad = [k for k, T in tensors.items() if T.is_floating_point() and not torch.isfinite(T).all()]
+    if bad:
+        raise FeaturelabError(f"{what} '{path}' has NaN or inf in {', '.join(bad[:5])}; all entries must be finite")
+    return tensors
+
+
+def _module_for(prefix: str, tensors: dict[str, torch.Tensor]) -> nn.Module | None:
+    """The module a ``prefix.weight`` (with ``prefix.bias``, BatchNorm statistics) stands for."""
+    W = tensors[f"{prefix}.weight"].to(torch.float64)
+    b = tensors.get(f"{prefix}.bias")
+    leaf = prefix.rpartition(".")[2].lower()
+    if W.ndim == 1:
+        cls = nn.BatchNorm1d if f"{prefix}.running_mean" in tensors else nn.LayerNorm
+        m = cls(len(W), dtype=torch.float64)
+        if isinstance(m, nn.BatchNorm1d):
+            m.running_mean.copy_(tensors[f"{prefix}.running_mean"])
+            m.running_var.copy_(tensors.get(f"{prefix}.running_var", torch.ones(len(W))))
+    elif W.ndim == 2 and b is None and ("embed" in leaf or leaf in ("wte", "wpe", "embed_tokens")):
+        m = nn.Embedding(W.shape[0], W.shape[1], dtype=torch.float64)
+    elif W.ndim in (2, 3, 4):
+        cls = {2: nn.Linear, 3: nn.Conv1d, 4: nn.Conv2d}[W.ndim]
+        size = () if W.ndim == 2 else (tuple(W.shape[2:]),)
+        m = skip_init(cls, W.shape[1], W.shape[0], *size, bias=b is not None, dtype=torch.float64)
+    else:
+        return None
+    m.weight = nn.Parameter(W, requires_grad=False)
+    if b is not None:
+        m.bias = nn.Parameter(b.to(torch.float64), requires_grad=False)
+    return m
+
+
+def _chain(prefixes: list[str], mods: dict[str, nn.Module]) -> bool:
+    """True when the file is a plain Linear chain: only Linear layers, each reading the previous one's outputs."""
+    linears = [mods[p] for p in prefixes]
+    if len(linears) < 2 or not all(type(m) is nn.Linear for m in linears):
+        return False
+    return all(a.out_features == b.in_features for a, b in zip(cast(list[nn.Linear], linears), linears[1:]))
+
+
+class WeightsChain(nn.Sequential):
+    """A Linear chain read from a weights file, with a ReLU assumed between layers (the file stores none)."""
+
+
+def weights_module(path: str | Path) -> nn.Module:
+    """The tensors of a safetensors file as modules for a weights-only `analyze`, with their dotted names.
+
+    Order: safetensors writers store the header sorted by name, so the file keeps no other order; rows follow
+    the names in natural order ("2" before "10"), which is the model's order for numbered layers. Each
+    ``prefix.weight`` becomes a module: 2-D an ``nn.Embedding`` when its name says so (``*embed*``, ``wte``,
+    ``wpe``) and it has no bias, else an ``nn.Linear``; 3-D/4-D an ``nn.Conv1d``/``nn.Conv2d`` (groups are not
+    stored: a grouped kernel reads as a dense conv); 1-D a BatchNorm (with ``running_mean``) or LayerNorm.
+    Other tensors of >= 2 dims are parameters (a leading dimension 1 or a token name: a token).
+    A plain chain (only 2-D weights, each reading the previous one's outputs) becomes an ``nn.Sequential``
+    with a ReLU between layers, so the chain's k_mid, balancedness and alignment are read; `analyze` notes
+    that the activation is assumed."""
+    tensors = _read_safetensors(path, "weights file")
+    keys = sorted(tensors, key=_natural)
+    prefixes = [k.rpartition(".")[0] for k in keys if k.endswith(".weight")]
+    mods = {p: m for p in prefixes if (m := _module_for(p, tensors)) is not None}
+    used = {f"{p}.{s}" for p in mods for s in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
+    rest = [k for k in keys if k not in used and tensors[k].ndim >= 2]
+    chain = not rest and _chain(list(mods), mods)
+    root: nn.Module = WeightsChain() if chain else nn.Module()
+    for key in sorted(list(mods) + rest, key=_natural):
+        *parents, leaf = key.split(".")
+        node = root
+        for part in parents:
+            if not hasattr(node, part):
+                node.add_module(part, nn.Sequential() if chain else nn.Module())
+            node = getattr(node, part)
+        if key in mods:
+            node.add_module(leaf, mods[key])
+            if chain and key != list(mods)[-1]:
+                node.add_module(f"{leaf}_relu", nn.ReLU())
+        else:
+            node.register_parameter(leaf, nn.Parameter(tensors[key].to(torch.float64), requires_grad=False))
+    return root
+
+
+def load_factory(spec: str, weights: str | Path | None = None) -> nn.Module:
+    """The model made by ``package.module:factory`` (called without arguments; the current folder is importable),
+    with a safetensors state dict loaded into it when `weights` is given. An import or a call that raises, a
+    result that is not an ``nn.Module``, and weights that do not fit (missing, unexpected or mis-shaped keys,
+    named) are one-line errors."""
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.partition(":")[::2]):
+        raise FeaturelabError(f"target {spec!r} is not allowed: give a .safetensors file or package.module:factory")
+    module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may raise anything on import
+        raise FeaturelabError(
+            f"factory {spec!r}: importing module {module_name!r} failed ({_first_line(exc)})"
+        ) from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise FeaturelabError(f"factory {spec!r}: module {module_name!r} has no callable {attr!r}")
+    try:
+        model = factory()
+    except Exception as exc:  # the user's factory may raise anything
+        raise FeaturelabError(
+            f"factory {spec!r} raised {_first_line(exc)} when called without arguments; it must return an nn.Module"
+        ) from None
+    if not isinstance(model, nn.Module):
+        raise FeaturelabError(f"factory {spec!r} returned a {type(model).__name__}, not a torch nn.Module")
+    if weights is not None:
+        state = _read_safetensors(weights, "weights file")
+        own = model.state_dict()
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        sized = [
+            f"{k} (file {tuple(state[k].shape)}, model {tuple(own[k].shape)})"
+            for k in own
+            if k in state and state[k].shape != own[k].shape
+        ]
+        problems = [
+            f"{what} {', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''}"
+            for what, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("size mismatch", sized))
+            if keys
+        ]
+        if problems:
+            raise FeaturelabError(f"weights '{weights}' do not fit {spec!r}: {'; '.join(problems)}")
+        try:
+            model.load_state_dict(state, assign=any(p.is_meta for p in model.parameters()))
+        except Exception as exc:
+            raise FeaturelabError(f"weights '{weights}' do not fit {spec!r}: {_first_line(exc)}") from None
+    return model
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1,8,8"`` as (1, 8, 8); anything but positive integers separated by commas is a one-line error."""
+    parts = text.split(",")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise FeaturelabError(
+            f"--shape {text!r} is not allowed: give positive integers separated by commas, e.g. 1,8,8"
+        )
+    return tuple(int(p) for p in parts)
+
+
+def _numeric(data: str, key: str, A: np.ndarray) -> torch.Tensor:
+    if A.dtype.kind not in "biuf":
+        raise FeaturelabError(
+            f"data file '{data}': array {key} has dtype {A.dtype} ; allowed: numeric arrays (bool, int, float)"
+        )
+    if A.ndim == 0 or len(A) == 0:
+        raise FeaturelabError(f"data file '{data}': array {key} has shape {A.shape}; it needs at least one row")
+    return torch.from_numpy(np.ascontiguousarray(A))
+
+
+def load_inputs(data: str, n: int | None = 1000, shape: tuple[int, ...] | None = None):
+    """(X, Y) of ``digits`` (the first `n` training digits, X ``n x 64``, labels Y) or of an ``.npz`` file with
+    numeric arrays ``X`` (rows are samples) and optionally ``Y``; rows reshaped to `shape` (e.g. (1, 8, 8))."""
+    if data == "digits":
+        from ..data.digits import digits
+
+        ds = digits(n)
+        X, Y = ds.X_train, ds.Y_train
+    else:
+        path = Path(data)
+        if path.suffix != ".npz" or not path.is_file():
+            raise FeaturelabError(f"data '{data}' is not allowed: give digits or an existing .npz file")
+        try:
+            with np.load(path, allow_pickle=False) as arrays:
+                if "X" not in arrays:
+                    raise FeaturelabError(f"data file '{data}' has no array X (it has: {', '.join(arrays.files)})")
+                X = _numeric(data, "X", arrays["X"])
+                Y = _numeric(data, "Y", arrays["Y"]) if "Y" in arrays else None
+        except FeaturelabError:
+            raise
+        except ValueError as exc:  # numpy refuses object arrays without pickle
+            raise FeaturelabError(
+                f"data file '{data}' holds an array numpy cannot read without pickle ({_first_line(exc)}); "
+                "allowed: numeric arrays"
+            ) from None
+        except (OSError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+            raise FeaturelabError(f"data file '{data}' is not a readable .npz file ({_first_line(exc)})") from None
+    if shape is not None:
+        if int(np.prod(shape)) != X[0].numel():
+            raise FeaturelabError(
+                f"--shape {','.join(map(str, shape))} does not hold the {X[0].numel()} entries of one sample"
+            )
+        X = X.reshape(len(X), *shape)
+    return X, Y
+
+
+__all__ = ["weights_module", "load_factory", "load_inputs", "parse_shape"]
