@@ -229,9 +229,7 @@ def reproduce(
 
     names = [e.name for e in EXPERIMENTS if e.name not in NEEDS_LOCAL_FILES and preset in e.presets]
     if only is not None:
-        for n in only:
-            get_experiment(n)
-        names = [n for n in names if n in only]
+        names = [n for n in only if preset in get_experiment(n).presets]
     if not names:
         raise FeaturelabError(f"preset={preset!r}: no experiment that needs no local files has it")
     root = Path(out)
