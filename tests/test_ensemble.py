@@ -151,8 +151,8 @@ def test_ensemble_checkpoint_resumes_with_train(tmp_path, monkeypatch):
     saved = []
     original = engine.save_checkpoint
 
-    def keep_step_40(folder, model, optimizer, info):
-        original(folder, model, optimizer, info)
+    def keep_step_40(folder, model, optimizer, info, *extra):
+        original(folder, model, optimizer, info, *extra)
         if info["step"] == 40 and not saved:
             shutil.copytree(folder, tmp_path / "at40")
             saved.append(folder)
@@ -466,3 +466,71 @@ def test_homogeneous_net_ensembles_take_the_captured_path(arch, monkeypatch):
     )
     assert max_difference(replayed, eager) < 1e-12
     assert all(float((h["loss"] - e["loss"]).abs().max()) < 1e-12 for h, e in zip(hist, eager_hist))
+
+
+KILLED_ENSEMBLE = """
+import os, signal, sys, torch
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_ensemble import killed_ensemble_run
+from featurelab.training import engine
+original = engine.save_checkpoint
+
+def save_then_die(folder, model, optimizer, info, *extra):
+    original(folder, model, optimizer, info, *extra)
+    if info["step"] == {stop} and Path(folder).name == "m2":  # the last member's checkpoint is written
+        os.kill(os.getpid(), signal.SIGKILL)
+
+engine.save_checkpoint = save_then_die
+killed_ensemble_run(Path({out!r}))
+"""
+
+
+def killed_ensemble_run(out, resume=False):
+    """A float32 ensemble of three MLPs (cosine Adam on mini-batches, SGD with momentum under the loss guard,
+    then plain SGD on partial mini-batches under the guard), checkpointed every 7 steps into ``out/m{i}``."""
+    configs = [
+        TrainConfig(
+            lam=lam,
+            seed=s,
+            log_every=7,
+            checkpoint_every=7,
+            phases=[
+                Phase(optimizer="adam", steps=20, lr=lr, schedule="cosine", lr_min=lr / 10, batch_size=16),
+                Phase(optimizer="sgd", steps=20, lr=5 * lr, momentum=0.5, guard_window=6),
+                Phase(optimizer="sgd", steps=10, lr=5 * lr, guard_window=4, batch_size=16, drop_last=False),
+            ],
+        )
+        for lam, lr, s in [(0.0, 2e-2, 0), (0.01, 5e-2, 1), (0.03, 1e-1, 2)]
+    ]
+    members = [MLP(5, 5, 10, 3, seed=i) for i in range(3)]
+    return train_ensemble(members, DATA, configs, run_dirs=[out / f"m{i}" for i in range(3)], resume=resume)
+
+
+def test_an_ensemble_killed_mid_phase_resumes_bit_identically(tmp_path):
+    """SIGKILL right after the checkpoint of step 42 (inside a guard window, 2 steps into the last phase),
+    then ``resume=True`` as an ensemble in this process: every tensor saved (model, checkpoint with its
+    optimizer state and guard window start) and every history entry equals the uninterrupted run's bit for
+    bit. A member resumed alone would not be: its matmuls sum in another order; and a resumed guard that
+    took its window start at the resumed step instead of the saved one decides its rollbacks differently."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from featurelab.training.checkpoint import load_tensors
+
+    killed_ensemble_run(tmp_path / "whole")
+    script = KILLED_ENSEMBLE.format(tests=str(Path(__file__).parent), stop=42, out=str(tmp_path / "cut"))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    info = load_checkpoint(tmp_path / "cut" / "m0")[1]
+    assert info["step"] == 42 and info["ensemble"] == ["m0", "m1", "m2"]  # what a resume regroups
+    results = killed_ensemble_run(tmp_path / "cut", resume=True)
+    assert all(r.resumed_from == 42 for r in results)
+    for i in range(3):
+        whole, cut = tmp_path / "whole" / f"m{i}", tmp_path / "cut" / f"m{i}"
+        for name in ("model.safetensors", "checkpoint.safetensors"):
+            a, b = load_tensors(whole / name), load_tensors(cut / name)
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (i, name)
+        cols = lambda h: h.drop(columns="seconds")
+        pd.testing.assert_frame_equal(cols(pd.read_csv(whole / "history.csv")), cols(pd.read_csv(cut / "history.csv")))

@@ -104,10 +104,15 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
 
 
 def save_checkpoint(
-    folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, info: dict
+    folder: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    info: dict,
+    extra: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Write ``folder/checkpoint.safetensors``: model state, optimizer state and `info`, in one atomic file."""
-    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    """Write ``folder/checkpoint.safetensors``: model state, optimizer state, `info` and the `extra` run
+    state tensors (the loss guard's window start, say), in one atomic file."""
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()} | (extra or {})
     opt_info = None
     if optimizer is not None and not isinstance(optimizer, torch.optim.LBFGS):
         t, opt_info = optimizer_tensors(optimizer)

@@ -248,6 +248,8 @@ class _Run:
             "dtype": str(self.stack.dtype).replace("torch.", ""),
             "rho_history": m.rho_history if isinstance(m, AdaptiveSteps) else [],
             "config": digest(self.cfgs[i].model_dump(mode="json")),
+            # the members' folder names: a resume regroups them (`train_ensemble(resume=True)`, bit-identical)
+            "ensemble": [d.name for d in self.dirs if d is not None] if self.M > 1 else None,
         }
 
     def checkpoint(self, step: int, finished: bool, phase_run: _PhaseRun | None = None) -> None:
@@ -258,7 +260,8 @@ class _Run:
             opt = phase_run.lbfgs if phase_run is not None else None
             if phase_run is not None and opt is None:
                 opt = optim.torch_optimizer(phase_run.phase, m, phase_run.opt_state, i)
-            save_checkpoint(d, m, opt, self.member_state(i, step, finished))
+            guard = phase_run.guard_tensors(i) if phase_run is not None else {}
+            save_checkpoint(d, m, opt, self.member_state(i, step, finished), guard)
 
     def hand_over(self, offset: int, progress) -> list:
         """An ensemble at an L-BFGS phase: each member that has not failed goes on alone (`run` with M = 1)
@@ -316,6 +319,8 @@ class _PhaseRun:
                 if ck is not None and ck[0] is not None and ck[1].get("optimizer") and ck[1]["step"] == r.start_step:
                     optim.restore_state(phase, r.stack, self.opt_state, i, ck[0])
         self.snapshot = None  # the guard's (loss (M,), parameters) at the start of its window
+        if self.k0 > 0:
+            self._restore_guard()
         reason = capture.eager_reason(r.dev, phase, on_step=r.has_on_step, lr_rule=r.lr_rule is not None)
         if r.dev.type == "cuda" and reason is not None:
             capture.announce(reason)
@@ -362,6 +367,26 @@ class _PhaseRun:
         if self.phase.guard_window and self.snapshot is None:
             r = self.r
             self.snapshot = (torch.add(*r.losses(r.X, r.Y, idx)), {n: p.clone() for n, p in r.stack.params.items()})
+
+    def guard_tensors(self, i: int) -> dict[str, torch.Tensor]:
+        """Member i's guard window start, for its checkpoint (a resumed run compares against it)."""
+        if self.snapshot is None:
+            return {}
+        loss, params = self.snapshot
+        return {"guard.loss": loss[i : i + 1], **{f"guard.{n}": p[i] for n, p in params.items()}}
+
+    def _restore_guard(self) -> None:
+        """The guard window start from the members' checkpoints at the resumed step, when all have one."""
+        r = self.r
+        saved = [ck[0] for ck in r.ckpts if ck is not None and ck[0] is not None and ck[1]["step"] == r.start_step]
+        if len(saved) != r.M or not all("guard.loss" in t for t in saved):
+            return
+        dev = r.dev
+        loss = torch.cat([t["guard.loss"] for t in saved]).to(dev)
+        self.snapshot = (
+            loss,
+            {n: torch.stack([t[f"guard.{n}"] for t in saved]).to(p) for n, p in r.stack.params.items()},
+        )
 
     def guard_close(self, k: int, idx) -> None:
         """At the end of a guard window, per member (Part 1 §5.2): where the loss rose (or is NaN), restore

@@ -99,6 +99,7 @@ def train_ensemble(
     *,
     device: str = "cpu",
     run_dirs: Sequence[str | Path | None] | None = None,
+    resume: bool = False,
     callbacks=None,
     progress: bool | None = None,
 ) -> list[TrainResult | FeaturelabError]:
@@ -113,7 +114,10 @@ def train_ensemble(
     run_dirs: per member, a folder for `train`'s run record, or None.
     callbacks: per member, a sequence of `train`-style callbacks; only ``on_log(step, model, row)`` is
         supported (an ``on_step`` hook would need a per-step host loop, so it is an error).
-    Fresh runs only (no resume): resume a member one-by-one with `train(..., resume=True)`.
+    resume: continue the members' checkpoints in `run_dirs` (written by this ensemble, all at one step) as
+        one ensemble again: the batched arithmetic of the uninterrupted run, so every tensor it saves is
+        bit-identical to that run's (a member resumed alone by `train(..., resume=True)` sums its batched
+        matmuls in another order, so it agrees only to rounding).
     docs/theory/conventions.md; docs/scale.md.
     """
     M = len(models)
@@ -136,4 +140,4 @@ def train_ensemble(
             f"models[{bad}] cannot join the ensemble of models[0]: shapes, attributes, data "
             "shapes or training phases differ (only values, lam, seed, lr and lr_min may)"
         )
-    return run(models, datas, cfgs, device=device, dirs=dirs, callbacks=cbs, progress=progress)
+    return run(models, datas, cfgs, device=device, dirs=dirs, resume=resume, callbacks=cbs, progress=progress)
