@@ -17,8 +17,11 @@ largest depth than at the smallest; Theorem 3 on the trained minima: the class's
 (slope fitted, not set to k) exceeds max_x 2 log|Jf(x)|_+ over its rank-k points (median(‖θ‖² − kL) >= that
 max is implied for any θ by the exact bound, so it is reported, not claimed); Cor. 8 in explicit form
 (`corollary8_check`): in at least (1 − p)L layers of every net s_{k+1}(α̃_ℓ(X)/√N) <= √(S/(pL))·s_1([α_{ℓ−1}(X),
-β]/√N), the O(L^{-1/2}) with its constant, reported by L beside the measured s_{k+1}·√L; the exact bound
-‖θ‖² >= L Σ s_i(Jf(x))^{2/L} holds at every training point.
+β]/√N) holds for any θ (kind "identity", `cor8-bound`), and its rate O(L^{-1/2}) is measured on the trained nets
+(`cor8-rate`): the exponent b of the fit log s_{k+1} = a + b log L across depths, with its 95% confidence
+interval, against −1/2; the exact bound ‖θ‖² >= L Σ s_i(Jf(x))^{2/L} holds at every training point (any θ:
+"identity"). The slope and Theorem 3 claims are statements about minima (premise "critical"), so every unit is
+certified (`CERTIFY`).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import numpy as np
 import pandas as pd
 import torch
 from pydantic import Field, NonNegativeFloat, PositiveInt
+from scipy.stats import linregress
+from scipy.stats import t as student
 
-from ..claims import claim
+from ..claims import claim, margin
 from ..config import ExperimentConfig
 from ..data.bn_tasks import bn_rank_two_task
 from ..figures import plt
@@ -55,6 +60,8 @@ from .base import Analysis, Experiment, TrainingUnit
 
 TRUE_RANK = 2
 COR8_P = 0.25  # Cor. 8's p: at least (1 - p)L layers
+COR8_RATE = -0.5  # Cor. 8: s_{k+1} = O(L^{-1/2}) in the middle layers
+CERTIFY = 1e-6  # the stationarity tolerance of units behind claims about minima
 CLASSES = ("underestimating (not fitting)", "underestimating (fitting)", "recovering", "overestimating")
 COLORS = dict(zip(CLASSES, ("tab:gray", "tab:orange", "tab:green", "tab:blue")))
 
@@ -147,9 +154,12 @@ class MLPRun(Protocol):
     def checkpoint_every(self) -> int: ...
 
 
-def mlp_unit(cfg: MLPRun, data, depth: int, init_seed: int, lam: float, top_singular_values: int) -> TrainingUnit:
+def mlp_unit(
+    cfg: MLPRun, data, depth: int, init_seed: int, lam: float, top_singular_values: int, certify: float | None = None
+) -> TrainingUnit:
     """A ReLU `MLP` d -> d of the given depth (width cfg.width, biases, He init, seed 1000·cfg.seed + init_seed)
-    trained on `data` with C + λ‖θ‖², full-batch Adam cosine-decayed from cfg.lr to cfg.lr_min (Part 2 §4a)."""
+    trained on `data` with C + λ‖θ‖², full-batch Adam cosine-decayed from cfg.lr to cfg.lr_min (Part 2 §4a);
+    `certify`: the stationarity tolerance of its critical-point certificate (None: not certified)."""
     model = MLP(
         cfg.d,
         cfg.d,
@@ -167,11 +177,12 @@ def mlp_unit(cfg: MLPRun, data, depth: int, init_seed: int, lam: float, top_sing
         top_singular_values=top_singular_values,
         phases=[Phase(optimizer="adam", steps=cfg.steps, lr=cfg.lr, schedule="cosine", lr_min=cfg.lr_min)],
     )
-    return TrainingUnit(model, data, config)
+    return TrainingUnit(model, data, config, certify=certify)
 
 
 def build(cfg: Config, unit: dict) -> TrainingUnit:
-    return mlp_unit(cfg, make_data(cfg), unit["depth"], unit["init_seed"], unit["lam"], top_singular_values=4)
+    data = make_data(cfg)
+    return mlp_unit(cfg, data, unit["depth"], unit["init_seed"], unit["lam"], top_singular_values=4, certify=CERTIFY)
 
 
 def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
@@ -245,11 +256,62 @@ def _fits(rows: pd.DataFrame) -> list[dict]:
                 "fit_residual": fit.residual,
                 "max_two_log_pdet": float(grp.max_two_log_pdet.max()),
                 "tail_sqrt_L": grp.groupby("depth").apply(lambda g: float(g.rep_tail.median()) * g.name**0.5).to_dict(),
+                "rate": tail_rate(grp.depth.to_numpy(), grp.rep_tail.to_numpy()),
                 "cor8_share": grp.groupby("depth").cor8_share.min().to_dict() if "cor8_share" in grp else {},
                 "cor8_constant": grp.groupby("depth").cor8_constant.max().to_dict() if "cor8_constant" in grp else {},
             }
         )
     return out
+
+
+def tail_rate(depths, tails) -> dict:
+    """The exponent b of the least-squares fit ``log s_{k+1} = a + b log L`` over the nets of one class (one point
+    per net: its median middle-layer s_{k+1}), with its standard error and 95% confidence interval (Student t,
+    n − 2 degrees of freedom); b is nan with fewer than 3 nets or 2 distinct depths (Cor. 8: b <= −1/2)."""
+    L, y = np.asarray(depths, dtype=float), np.asarray(tails, dtype=float)
+    ok = np.isfinite(y) & (y > 0)
+    L, y = L[ok], y[ok]
+    if len(L) < 3 or len(np.unique(L)) < 2:
+        return {"b": float("nan"), "se": float("nan"), "ci": [float("nan")] * 2, "n": int(len(L))}
+    fit = linregress(np.log(L), np.log(y))
+    half = float(student.ppf(0.975, len(L) - 2)) * float(fit.stderr)
+    return {"b": float(fit.slope), "se": float(fit.stderr), "ci": [fit.slope - half, fit.slope + half], "n": len(L)}
+
+
+def cor8_claims(f: dict) -> list:
+    """Cor. 8 for one class: the bound at every net (any θ: an identity, `corollary8_check`) and its rate, the
+    fitted exponent of the middle-layer tail s_{k+1} across depths (`tail_rate`) against −1/2 (empirical: how fast
+    trained nets' tails fall; "not reproduced at this size" when the class spans too few nets to fit)."""
+    share, rate, tag = f["cor8_share"], f["rate"], f"@lam{f['lam']:g}-k{f['k']}"
+    out = []
+    if share:
+        out.append(
+            claim(
+                f"Cor. 8, λ={f['lam']:g}, k={f['k']}: in at least (1 − p)L layers (p = {COR8_P:g}) of every net, "
+                "s_(k+1)(α̃_ℓ(X)/√N) <= √(S/(pL))·s_1([α_(ℓ−1)(X), β]/√N), S = ‖θ‖² − kL − 2log|Jf(x)|_+ "
+                "(holds for any θ: a check of the code)",
+                "Jacot 2023 Cor. 8 (Theorem 6 with our explicit proxy); docs/theory/bottleneck-rank.md §2.4",
+                f">= {1 - COR8_P:g} share of layers",
+                {"min share by L": share, "constant by L": f["cor8_constant"]},
+                min(share.values()) >= 1 - COR8_P,
+                id=f"cor8-bound{tag}",
+                margin=margin(min(share.values()), 1 - COR8_P),
+                kind="identity",
+            )
+        )
+    c = claim(
+        f"Cor. 8 rate, λ={f['lam']:g}, k={f['k']}: the middle-layer s_(k+1) of the class's nets falls with depth at "
+        "least as fast as L^(-1/2): fitted exponent b of log s_(k+1) = a + b log L is <= -1/2",
+        "Jacot 2023 Cor. 8 (s_(k+1) = O(L^(-1/2)) in all but pL layers); docs/theory/bottleneck-rank.md §2.4",
+        f"b <= {COR8_RATE:g}",
+        {"b": rate["b"], "95% CI": rate["ci"], "nets": rate["n"], "median s_(k+1)·√L by L": f["tail_sqrt_L"]},
+        bool(rate["b"] <= COR8_RATE),
+        id=f"cor8-rate{tag}",
+        margin=margin(rate["b"], COR8_RATE, "<="),
+    )
+    if not np.isfinite(rate["b"]):
+        c = c.not_measured(f"not reproduced at this size: {rate['n']} nets of the class, too few depths to fit")
+    return out + [c]
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
@@ -271,6 +333,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 0,
                 False,
                 id="slope-fit-possible",
+                margin=-1.0,
             )
         )
     for f in fits:
@@ -285,6 +348,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 err <= cfg.slope_tolerance,
                 f"{cfg.slope_tolerance:.0%} relative",
                 id=f"slope-equals-rank@lam{f['lam']:g}-k{f['k']}",
+                margin=margin(f["slope"], f["k"], "==", rtol=cfg.slope_tolerance),
+                premise="critical",
             )
         )
     by_depth = rows.groupby("depth")["class"].apply(lambda c: float(np.mean(c == "recovering")))
@@ -297,6 +362,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             {f"L={lo}": by_depth[lo], f"L={hi}": by_depth[hi]},
             by_depth[hi] > by_depth[lo],
             id="depth-favours-recovery",
+            margin=float(by_depth[hi] - by_depth[lo]),  # a difference of shares in [0, 1]: already relative
         )
     )
     for f in fits:
@@ -313,37 +379,24 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 },
                 f["intercept"] >= f["max_two_log_pdet"],
                 id=f"theorem3-r1-bound@lam{f['lam']:g}-k{f['k']}",
+                margin=margin(f["intercept"], f["max_two_log_pdet"]),
+                premise="critical",
             )
         )
-        share, const = f["cor8_share"], f["cor8_constant"]
-        if share:
-            claims.append(
-                claim(
-                    f"Cor. 8, λ={f['lam']:g}, k={f['k']}: in at least (1 − p)L layers (p = {COR8_P:g}) of every net, "
-                    "s_(k+1)(α̃_ℓ(X)/√N) <= √(S/(pL))·s_1([α_(ℓ−1)(X), β]/√N), S = ‖θ‖² − kL − 2log|Jf(x)|_+: "
-                    "O(L^{-1/2}) with the constant √(S/p)·max_ℓ s_1(...) (reported by L beside the measured "
-                    "median middle-layer s_(k+1)·√L)",
-                    "Jacot 2023 Cor. 8 (Theorem 6 with our explicit proxy); docs/theory/bottleneck-rank.md §2.4",
-                    f">= {1 - COR8_P:g} share of layers",
-                    {
-                        "min share by L": share,
-                        "constant by L": const,
-                        "median s_(k+1)·√L by L": f["tail_sqrt_L"],
-                    },
-                    min(share.values()) >= 1 - COR8_P,
-                    id=f"cor8-rate@lam{f['lam']:g}-k{f['k']}",
-                )
-            )
+        claims += cor8_claims(f)
     if "exact_slack" in rows:
         slack = float(rows.exact_slack.min())
         claims.append(
             claim(
-                "exact bound ‖θ‖² >= L Σ_i s_i(Jf(x))^{2/L} at every training point of every net",
+                "exact bound ‖θ‖² >= L Σ_i s_i(Jf(x))^{2/L} at every training point of every net (holds for any θ: "
+                "a check of the code)",
                 "docs/theory/bottleneck-rank.md §2.3",
                 ">= 0 slack",
                 slack,
                 slack >= 0,
                 id="exact-jacobian-norm-bound",
+                margin=float((rows.exact_slack / rows.sq_norm).min()),  # the slack relative to each net's ‖θ‖²
+                kind="identity",
             )
         )
 
