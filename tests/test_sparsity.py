@@ -200,3 +200,24 @@ def test_cp_rank_bounds_reject_bad_input():
             cp_rank_bounds(bad)
     with pytest.raises(FeaturelabError, match="factor"):
         cp_rank_bounds(Q, factor=B[:, :1])
+
+
+def test_merged_neuron_is_balanced_with_the_predicted_norm(gen):
+    """Check 4 in closed form: neurons 0 and 1 of a depth-2 ReLU net have σ-vectors a and 2a (w, 2w in),
+    so they merge into one neuron ``(t w, u/t)`` with ``u = v_0 + 2 v_1`` and ``t = (‖u‖/‖w‖)^½``: the same
+    function, and in- and outgoing norms both ``(‖w‖‖u‖)^½``, hence ‖θ‖² = 2‖w‖‖u‖ + 2‖w_2‖‖v_2‖ (the lone
+    neuron 2 is balanced too). A rescale by ‖u‖/‖w‖ keeps the function but not the norm."""
+    m = randomize(MLP(3, 2, 3, 2, dtype=D), gen)
+    W0, W1 = (w.detach().clone() for w in m.weights)
+    W0[1] = 2 * W0[0]
+    m = mlp_with_weights(m, [W0, W1])
+    X = torch.randn(30, 3, generator=gen, dtype=D)
+    merged, report = merge_aligned_neurons(m, X)
+    assert merged.dims == [3, 2, 2] and report.loc[0, "width_after"] == 2
+    assert (merged(X) - m(X)).abs().max() <= 1e-12 * m(X).abs().max()
+    w, u = W0[0].norm(), (W1[:, 0] + 2 * W1[:, 1]).norm()
+    M0, M1 = merged.weights
+    torch.testing.assert_close(M0[0].norm(), (w * u).sqrt(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(M1[:, 0].norm(), (w * u).sqrt(), rtol=1e-12, atol=0)
+    predicted = 2 * w * u + 2 * W0[2].norm() * W1[:, 2].norm()
+    assert sq(merged) == pytest.approx(float(predicted), rel=1e-12)
