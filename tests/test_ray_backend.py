@@ -11,7 +11,7 @@ import pytest
 from featurelab.runs.runner import run_experiment
 from test_sweep import SEEDS, max_weight_difference
 
-ray = pytest.importorskip("ray", reason='the optional Ray extra is not installed (pip install "featurelab[ray]")')
+ray = pytest.importorskip("ray", reason='the optional Ray extra is not installed (pip install "featlab[ray]")')
 
 
 @pytest.fixture(scope="module")

@@ -134,7 +134,7 @@ def test_bad_backend_and_missing_ray_are_one_line_errors(tmp_path, monkeypatch):
     with pytest.raises(FeaturelabError, match="retries=-1 is not allowed"):
         run_experiment(SEEDS.name, out=tmp_path / "b", retries=-1)
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
-    with pytest.raises(FeaturelabError, match=r'needs the optional Ray extra: pip install "featurelab\[ray\]"'):
+    with pytest.raises(FeaturelabError, match=r'needs the optional Ray extra: pip install "featlab\[ray\]"'):
         ray_backend.connect()
     with pytest.raises(FeaturelabError, match="only='x' is not allowed"):
         run_bench(only=["x"], out=tmp_path / "bench.json")

@@ -10,7 +10,7 @@ A task whose worker process or node dies is re-run by Ray up to `retries` times;
 units are reported failed (in the claims and the report) and the sweep goes on. Exceptions inside a
 unit are not retried: they are the unit's failure, as with the local backend.
 
-Ray is an optional extra: ``pip install "featurelab[ray]"``. The cluster's nodes need featurelab
+Ray is an optional extra: ``pip install "featlab[ray]"``. The cluster's nodes need featurelab
 installed (same version); connect with ``address`` (``HOST:PORT``) or ``RAY_ADDRESS``; with neither, a
 local Ray instance is started. If Ray is already initialised in this process, that connection is used.
 """
@@ -35,7 +35,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise FeaturelabError('backend="ray" needs the optional Ray extra: pip install "featurelab[ray]"') from None
+        raise FeaturelabError('backend="ray" needs the optional Ray extra: pip install "featlab[ray]"') from None
     return ray
 
 
