@@ -57,7 +57,12 @@ def test_seed_checks_read_the_plateaus():
     }
     c = seed_checks(cfg, res)
     assert c["two_plateaus_first_ln10"] and c["second_plateau"] and c["deep_rank_one"]
-    assert c["first_layer_less_rank_one"] and c["final_loss_ok"] and c["second_sv_grows"]
+    assert c["first_layer_less_rank_one"] and c["later_escape"] and c["second_sv_grows"]
+    # margins: the worst part of each check, relative to its threshold
+    assert c["margins"]["later_escape"] == pytest.approx((1.8 - 0.01) / 1.8)  # final 0.01 below the level 1.8
+    assert c["margins"]["first_layer_less_rank_one"] == pytest.approx((0.3 - 0.07) / 0.07)
+    assert c["margins"]["deep_rank_one"] == pytest.approx((0.1 - 0.07) / 0.1)  # layers 4-5, tighter than r_W(L)
+    assert c["margins"]["depth_trend_ok"] == pytest.approx((-0.8 + math.sqrt(5 / 7)) / 0.8)
     assert c["depth_trend"] == pytest.approx(-math.sqrt(5 / 7))  # Spearman by hand: tied ranks of r_W
     assert c["depth_trend_ok"] and c["s2_s1_slope_ok"]
     assert c["s2_s1_slope"] == pytest.approx(-0.5)  # s_2/s_1 = 0.8 ℓ^{-1/2} exactly
@@ -107,4 +112,17 @@ def test_final_loss_is_a_median_so_one_last_spike_is_not_read():
     )
     res = summarize(Config(), hist)
     assert res["final_loss"] == 0.003 and res["last_loss"] == 0.9
-    assert seed_checks(Config(), res)["final_loss_ok"]
+
+
+def test_later_escape_needs_a_loss_below_the_last_plateau():
+    """A run still on its second plateau at the end (final loss at its level) has not escaped it: fails, margin
+    <= 0; one that fell below it passes whatever its final value (the paper states none)."""
+    plateaus = [
+        {"start": 0, "end": 9000, "mid": 4500, "length": 9000, "level": math.log(10), "escape": 9250, "r_W": [0.9] * 6},
+        {"start": 9500, "end": 30000, "mid": 20000, "length": 20500, "level": 1.85, "escape": None, "r_W": [0.1] * 6},
+    ]
+    res = {"plateaus": plateaus, "final_loss": 1.85, "final_s2_s1": [0.5] * 6}
+    c = seed_checks(Config(), res)
+    assert not c["later_escape"] and c["margins"]["later_escape"] == 0.0
+    c = seed_checks(Config(), res | {"final_loss": 0.259})
+    assert c["later_escape"] and c["margins"]["later_escape"] == pytest.approx((1.85 - 0.259) / 1.85)

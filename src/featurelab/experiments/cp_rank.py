@@ -36,7 +36,7 @@ from ..measurements.sparsity import cp_rank_bounds, output_gram_root
 from ..models import MLP
 from ..training import OptimizerConfig
 from .base import Analysis, Experiment, TrainingUnit
-from .width_plateau import shrink
+from .width_plateau import CERTIFY, shrink
 
 
 class Config(OptimizerConfig, ExperimentConfig):
@@ -86,7 +86,7 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
         seed=cfg.seed + 1000 * unit["trial"] + unit["width"],
         dtype=getattr(torch, cfg.dtype),
     )
-    return TrainingUnit(model, data, cfg.train_config("mse", cfg.lam, top_singular_values=0))
+    return TrainingUnit(model, data, cfg.train_config("mse", cfg.lam, top_singular_values=0), certify=CERTIFY)
 
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:

@@ -32,6 +32,8 @@ from ..models import MLP
 from ..training import OptimizerConfig
 from .base import Analysis, Experiment, TrainingUnit
 
+CERTIFY = 1e-6  # stationarity the unit must reach for the claims about critical points (`training.critical`)
+
 
 class Config(OptimizerConfig, ExperimentConfig):
     """The net, the data and λ; the schedule is an `OptimizerConfig` (Adam, then full-batch GD)."""
@@ -79,7 +81,8 @@ def units(cfg: Config) -> list[dict]:
 
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg)
-    return TrainingUnit(make_model(cfg, data), data, cfg.train_config("cross_entropy", cfg.lam, top_singular_values=0))
+    config = cfg.train_config("cross_entropy", cfg.lam, top_singular_values=0)
+    return TrainingUnit(make_model(cfg, data), data, config, certify=CERTIFY)
 
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from pydantic import Field, PositiveFloat
 
-from ..claims import claim
+from ..claims import claim, margin, threshold_claim
 from ..config import ExperimentConfig
 from ..data.separable import separable
 from ..errors import FeaturelabError
@@ -26,6 +26,7 @@ from ..measurements.invariances import InvariantTracker, drift_slope, identity_b
 from ..models.conv import Conv
 from ..models.residual import Dense, Flatten, HomogeneousNet, ResBlock
 from ..training import Phase, TrainConfig, train
+from ..training.health import training_health
 from .base import Analysis, Experiment
 
 ARCHS = ("fc", "conv", "resnet-identity", "resnet-diagonal", "resnet-free", "fc-squared")
@@ -112,8 +113,9 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     # Part 5 §1's squared loss is ½(y - f)²; the trainer's "mse" is (y - f)², so GD with step η on the
     # former is GD with step η/2 on the latter (the tracker's η²q(G) term is unchanged).
     squared = arch == "fc-squared"
+    objective = "mse" if squared else "logistic"
     tc = TrainConfig(
-        objective="mse" if squared else "logistic",
+        objective=objective,
         lam=0.0,
         phases=[Phase(optimizer="sgd", lr=eta / 2 if squared else eta, steps=steps)],
         log_every=max(1, steps // cfg.logs),
@@ -137,6 +139,7 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         "sign_flips": int(hist["sign_flips"].sum()),
         "steps": steps,
         "seconds": result.seconds,
+        "unhealthy": training_health(model, data, objective, hist),
     }
 
 
@@ -153,39 +156,45 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     slopes = {(a, s): drift_slope(g.eta, g.rel_drift) for (a, s), g in per_arch.groupby(["arch", "seed"])}
     drift_min = per_arch[per_arch.eta == eta_min].rel_drift.max()
     worst_res = float(table[table.kind != "control"].step_residual.max())
+    early_rise = max(r["max_early_rise"] for r in results.values())
+    slope_values = [float(v) for v in slopes.values()]
     claims = [
-        claim(
+        threshold_claim(
             f"in-scope invariants: max rel_drift at η = {eta_min:g} (τ = {cfg.tau:g}), all architectures",
             REF,
-            "<= 1e-3",
             float(drift_min),
-            drift_min <= 1e-3,
+            1e-3,
+            "<=",
             id="inscope-drift",
         ),
         claim(
             "drift is O(η) at fixed τ: log-log slope of each architecture's max in-scope drift against η",
             REF,
             "in [0.8, 1.2]",
-            [float(v) for v in slopes.values()],
-            all(0.8 <= v <= 1.2 for v in slopes.values()),
+            slope_values,
+            all(0.8 <= v <= 1.2 for v in slope_values),
             id="drift-slope",
+            margin=min(margin(v, 1.0, "==", atol=0.2) for v in slope_values),
         ),
-        claim(
-            "one GD step changes each in-scope Q by exactly η²q(G): max |ΔQ - η²q(G)| / (1 + |Q|) over all steps",
+        threshold_claim(
+            "one GD step changes each in-scope Q by exactly η²q(G) (an identity of the GD update, for any "
+            "parameters): max |ΔQ - η²q(G)| / (1 + |Q|) over all steps",
             "docs/theory/invariances.md §3 (GD), §6a",
-            "<= 1e-9",
             worst_res,
-            worst_res <= 1e-9,
+            1e-9,
+            "<=",
             id="gd-step-exact",
+            kind="identity",
         ),
         claim(
-            "no run's loss rises in its first 100 steps (else the η grid must be halved)",
+            "no run's loss rises in its first 100 steps (else the η grid must be halved): largest rise",
             REF,
             "<= 0",
-            max(r["max_early_rise"] for r in results.values()),
-            max(r["max_early_rise"] for r in results.values()) <= 1e-12,
-            tolerance="1e-12",
+            early_rise,
+            early_rise <= 1e-12,
+            "1e-12 (rounding)",
             id="no-early-rise",
+            margin=margin(early_rise, 0.0, "<="),  # a zero threshold: the margin is in loss units
         ),
     ]
     summary = {
@@ -197,13 +206,13 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         c_min = control[control.eta == eta_min].rel_drift.min()
         c_slopes = [drift_slope(g.eta, g.rel_drift) for _, g in control.groupby(["invariant", "seed"])]
         claims.append(
-            claim(
-                "negative control ‖W_stem‖² - ‖V_1‖² across an identity block drifts >= 10x the "
-                f"largest in-scope drift at η = {eta_min:g}",
+            threshold_claim(
+                "negative control ‖W_stem‖² - ‖V_1‖² across an identity block: its drift over the largest in-scope "
+                f"drift at η = {eta_min:g}",
                 REF + "; Lemma 3 negative control",
-                ">= 10",
                 float(c_min / drift_min),
-                c_min >= 10 * drift_min,
+                10.0,
+                ">=",
                 id="control-drift",
             )
         )
@@ -215,6 +224,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 c_slopes,
                 all(v <= 0.3 for v in c_slopes),
                 id="control-slope",
+                margin=min(margin(v, 0.3, "<=") for v in c_slopes),
             )
         )
         summary["control_drift_at_eta_min"] = float(c_min)

@@ -41,6 +41,7 @@ from .base import Analysis, Experiment, TrainingUnit
 
 TAUS = (0.01, 0.025, 0.05, 0.10)
 REF = "docs/theory/sparsity.md §6; Jacot et al. 2022 Fig. 2"
+CERTIFY = 1e-6  # stationarity a unit must reach for the claims about minima (`featurelab.training.critical`)
 
 
 class Sweep(OptimizerConfig):
@@ -165,7 +166,8 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
         dtype=getattr(torch, cfg.dtype),
         seed=cfg.seed + 1000 * unit["trial"] + unit["width"],
     )
-    return TrainingUnit(model, data, sweep.train_config(OBJECTIVE[unit["dataset"]], sweep.lam, top_singular_values=0))
+    config = sweep.train_config(OBJECTIVE[unit["dataset"]], sweep.lam, top_singular_values=0)
+    return TrainingUnit(model, data, config, certify=CERTIFY)
 
 
 def shrink(model, data: Dataset, objective: str, lam: float) -> dict:
