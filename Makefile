@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 FL     := $(VENV)/bin/featurelab
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow test-gpu lint format bench clean
+.PHONY: install demo test test-slow test-gpu lint format bench clean wheel-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,24 @@ test-gpu:
 	missing = [m for m in '$(GPU_NEEDS)'.split() if u.find_spec(m) is None]; \
 	sys.exit('make test-gpu: ' + ', '.join(missing) + ' cannot be imported by $(PYTHON): install them, or put a folder that holds them on PYTHONPATH' if missing else 0)"
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest -q -m cuda
+
+# The wheel works outside the checkout: built from the tree, installed into a fresh venv that borrows .venv's
+# dependencies (a .pth line: nothing is downloaded, and .venv's editable featurelab is not seen), it runs a tiny
+# preset and an analysis of the model it trained, from another folder. Exit 1 of the run (a failed claim) is fine.
+WHEEL_DIR := build/wheel-check
+wheel-check: $(STAMP)
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)/elsewhere
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation . -w $(WHEEL_DIR)/dist
+	$(PY) -c "import sys, venv; venv.create(sys.argv[1], with_pip=False)" $(WHEEL_DIR)/venv
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > "$$($(WHEEL_DIR)/venv/bin/python -c \
+	  "import sysconfig; print(sysconfig.get_paths()['purelib'])")/borrowed-dependencies.pth"
+	$(PY) -m pip --python $(WHEEL_DIR)/venv/bin/python install -q --no-deps $(WHEEL_DIR)/dist/featlab-*.whl
+	cd $(WHEEL_DIR)/elsewhere && ../venv/bin/python -c "import featurelab, sys; \
+	  sys.exit(0 if '/venv/' in featurelab.__file__ else 'featurelab imported from ' + featurelab.__file__)"
+	cd $(WHEEL_DIR)/elsewhere && OMP_NUM_THREADS=1 ../venv/bin/featurelab run leaky-bottleneck --preset tiny \
+	  --out tiny --quiet; test $$? -le 1 && test -f tiny/results.json && test -f tiny/report.html
+	cd $(WHEEL_DIR)/elsewhere && OMP_NUM_THREADS=1 ../venv/bin/featurelab analyze \
+	  "$$(ls tiny/units/*/model.safetensors | head -n 1)" --out analysis && test -f analysis/report.html
 
 bench: $(STAMP)
 	$(FL) bench
