@@ -21,6 +21,20 @@ def test_invariances_short_run_exact_gd_term_and_control(tmp_path):
     assert c["control-slope"]["passed"]
 
 
+def test_invariances_on_nets_that_learned_nothing_measure_nothing(tmp_path):
+    """init_scale = 1e-4: every net outputs ~0, the loss stays at ln 2 and the error at chance. The drift
+    claims hold trivially there (nothing moves), so the units must be unhealthy and no claim may pass."""
+    rec = run_experiment(
+        "invariances",
+        "quick",
+        {"archs": ["fc", "resnet-identity"], "etas": [0.08, 0.04], "tau": 2.0, "logs": 2, "init_scale": 1e-4},
+        out=tmp_path / "inv",
+        workers=1,
+    )
+    assert len(rec.unhealthy) == 4
+    assert [c for c in rec.claims if c.get("kind") == "empirical" and c["passed"]] == []
+
+
 def test_relu_noninvariance_short_run_separates_blocks(tmp_path):
     rec = run_experiment(
         "relu-noninvariance",

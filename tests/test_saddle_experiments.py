@@ -126,3 +126,39 @@ def test_later_escape_needs_a_loss_below_the_last_plateau():
     assert not c["later_escape"] and c["margins"]["later_escape"] == 0.0
     c = seed_checks(Config(), res | {"final_loss": 0.259})
     assert c["later_escape"] and c["margins"]["later_escape"] == pytest.approx((1.85 - 0.259) / 1.85)
+
+
+def test_escape_circle_claims_state_what_example1_states():
+    """The rank-one curve is a closed form (kind identity); best-speed-half asks for 1/2 within 1e-3 and, as
+    the paper only doubts a faster direction, a run above 1/2 + 1e-6 does not fail it; width-2 success and
+    the optima's rank two carry their margins relative to 0.05 and 0.5."""
+    import numpy as np
+
+    from featurelab.experiments.escape_circle import Config, curve_claim, search_claims, sweep_table
+    from featurelab.measurements.escape import rank_one_curve
+
+    phi = np.linspace(0, 2 * np.pi, 8 * 900 + 1)
+    c = curve_claim(phi, rank_one_curve(phi, 8))
+    assert c.passed and c.kind == "identity" and c.margin > 0.99
+
+    def pgd(speeds, s2s1):
+        return {"speeds": speeds, "s2_s1_W1": s2s1, "converged": [True] * len(speeds), "best_eig_residual": 0.0}
+
+    diag = {"best_rank_W": [2, 2, 1], "best_rank_Zsigma": [2, 2], "best_diagnostics": {}}
+    results = {
+        "pgd-w2": {**pgd([0.41, 0.4142], [0.1, 0.1]), **diag},
+        "pgd-w8": {**pgd([0.5004, 0.41], [0.9, 0.2]), **diag},
+        "pgd-w64": {**pgd([0.5004, 0.5000015], [0.8, 1.0]), **diag},
+    }
+    cfg = Config()
+    table = sweep_table(cfg, sorted(((r, int(u[5:])) for u, r in results.items()), key=lambda t: t[1]))
+    claims = {x.id: x for x in search_claims(cfg, results, table)}
+    best = claims["best-speed-half"]
+    assert best.passed and best.margin == pytest.approx((1e-3 - 4e-4) / 1e-3)
+    assert claims["narrow-failure"].passed and claims["narrow-failure"].margin == pytest.approx(1.0)  # 0 of 2
+    assert claims["optima-rank-two"].margin == pytest.approx((0.8 - 0.5) / 0.5)
+    assert claims["wide-success"].margin == pytest.approx((1.0 - 0.8) / 0.8)
+    assert claims["success-monotone"].margin == pytest.approx(0.5)  # 0 -> 0.5 -> 1
+    results["pgd-w64"]["speeds"] = [0.5006, 0.5000015]  # above 1/2 + 1e-6: reported, not a failure
+    claims = {x.id: x for x in search_claims(cfg, results, table)}
+    assert claims["best-speed-half"].passed

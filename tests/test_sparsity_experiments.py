@@ -1,6 +1,7 @@
 """Part 3 experiment helpers on known numbers: the plateau start of docs/theory/sparsity.md §6's measured table,
 ray share and class separation on constructed representations."""
 
+import pytest
 import torch
 
 from featurelab.measurements.sparsity import class_separation, ray_share
@@ -62,8 +63,45 @@ def test_width_plateau_claims_rest_on_the_minimising_trials():
     assert claims["teacher-plateau-start"].passed is True
     assert claims["teacher-caratheodory-outputs"].passed is True  # the collapsed trial is left out
     assert "teacher-w1-t1" not in claims["teacher-caratheodory-outputs"].units
+    assert claims["teacher-m1-gap"].margin == pytest.approx((10 - 5) / 5)  # m(1)/m_inf = 10 against >= 5
+    assert claims["teacher-plateau-start"].margin == pytest.approx((8 - 6) / 6)  # n* = 8 in [6, 32]: nearer 6
+    assert claims["teacher-m1-gap"].premise == "critical"  # Fig. 2 is about minimal losses
+    assert claims["teacher-caratheodory-outputs"].kind == "identity"  # holds for any network
 
     rows = [row(w, 0, base[w]) for w in widths[1:]] + [row(1, 0, 3.0, "collapsed: constant output")]
     unhealthy = {"teacher-w1-t0": "collapsed: constant output"}
     claims = {c.id: c for c in _claim_gate(analyze(cfg, {r["id"]: r for r in rows}, None).claims, unhealthy)}
     assert claims["teacher-m1-gap"].passed is None  # rests on the collapsed minimiser: not measured
+
+
+def test_cp_rank_reach_tolerance_cannot_let_a_narrow_width_reach_the_optimum():
+    """The quick preset's numbers: m(8) - m(9) = 4.5e-4 while 1 % of m* is 3.6e-3. The derived tolerance is half
+    the best narrow net's relative gap, so width 8 would fail a claim width 9 passes; a width-9 net only as near
+    m* as width 8 fails it too, though 1 % would have passed it."""
+    from featurelab.data.constructions import bipartite
+    from featurelab.experiments.cp_rank import Config, analyze, best_rescaled_loss, reach_tolerance
+
+    cfg = Config(construction_sizes=[4], onehot_sizes=[2, 3])
+    c = bipartite(cfg.N)
+    target = best_rescaled_loss(c.data.Y_train, cfg.lam, c.sq_norm)
+    assert target == pytest.approx(0.36 - 0.36**2 * 6 / (4 * float((c.data.Y_train**2).sum())))
+    m8 = target + 4.5e-4 + 1e-5
+    assert reach_tolerance(0.01, [m8], target) == pytest.approx(0.5 * (m8 / target - 1))
+    assert reach_tolerance(0.01, [], target) == 0.01
+    assert abs(m8 / target - 1) > reach_tolerance(0.01, [m8], target)  # width 8 could never pass
+
+    def rows(m9):
+        losses = {4: 5 * target, 8: m8, 9: m9, 12: target + 2e-6}
+        return {
+            f"w{w}": {"width": w, "trial": 0, "loss": m, "reduced_output_error": 0.0, "reduced_width": [w]}
+            for w, m in losses.items()
+        }
+
+    claims = {x.id: x for x in analyze(cfg, rows(target + 1e-5), None).claims}
+    tol = 0.5 * (m8 / target - 1)
+    assert claims["wide-reach-optimum"].passed and claims["wide-reach-optimum"].premise == "critical"
+    assert claims["wide-reach-optimum"].margin == pytest.approx((tol - 1e-5 / target) / tol)
+    assert claims["narrow-above-optimum"].margin == pytest.approx((m8 - target - 1e-5) / (target + 1e-5))
+    assert {x.kind for x in claims.values() if x.id.startswith("construction")} == {"identity"}
+    claims = {x.id: x for x in analyze(cfg, rows(target + 4.4e-4), None).claims}
+    assert not claims["wide-reach-optimum"].passed  # within 1 % of m*, but not nearer than width 8
