@@ -122,3 +122,75 @@ def test_path_crossings_counts_proper_crossings_of_different_paths():
     # a flow's paths never cross: the radial lines t -> t·x of the map x -> 1.1x
     starts = np.random.default_rng(0).normal(size=(20, 2))
     assert path_crossings(np.stack([starts * 1.1**t for t in range(10)], 1)) == 0
+
+
+def test_gradient_flow_paths_in_the_exact_invariants_never_cross():
+    """Check 5's premise (Jacot 2023 Sec. 5, "the GF paths do not cross"): without E the dynamics of (|m|, r) is
+    an autonomous planar flow, so gradient-flow paths (GD at a small step over the task's horizon) never cross
+    there; GD at the task's own step η over 4x its horizon, a discrete map, does cross."""
+    from featurelab.experiments.symmetry_learning import path_crossings
+
+    data = symmetry_task(d=10, T=10, eps=0.0, n_train=16, n_test=0)
+    u = torch.tensor(data.meta["u"])
+    E = torch.zeros(10, 10, dtype=torch.float64)
+
+    def crossings(eta, steps):
+        traj = symmetry_gd(data.X_train[:12], u, E, eta, steps)[0].numpy()
+        m = traj @ u.numpy()
+        return path_crossings(np.stack([np.abs(m), np.linalg.norm(traj - m[..., None] * u.numpy(), axis=-1)], -1))
+
+    assert crossings(0.005, 100) == 0
+    assert crossings(0.05, 40) > 0
+
+
+def test_check1_counts_the_two_dimensional_hidden_layers():
+    """Check 1 across depth counts hidden layers ℓ = 1..L−1 with s₃/s₁ < 0.05 < s₂/s₁ (the output layer L is not
+    hidden); which layers they are does not matter (Cor. 8 bounds how many are not low-dimensional)."""
+    from featurelab.experiments.symmetry_learning import two_dim_layers, unit_claims
+
+    two, one, wide = [1.0, 0.3, 0.01], [1.0, 0.01, 0.001], [1.0, 0.5, 0.2]
+    spectra = [wide, two, two, one, two, wide]  # L = 6: hidden layers 1..5, the last entry is the output
+    assert two_dim_layers(spectra) == [2, 3, 5]
+    res = {
+        "s_ratios": [0.3, 0.01],
+        "r2": {"|m|": 0.99, "r": 0.95, "reverse": 0.97, "signed m": 0.01},
+        "l_star": 2,
+        "spectra": spectra,
+        "symmetry_change": [0.01],
+        "control_change": 0.9,
+        "path_crossings": 3,
+        "true_path_crossings": 2,
+    }
+    by_id = {c.id.split("@")[0]: c for c in unit_claims("u", res)}
+    share = by_id["check1-almost-all-layers"]
+    assert not share.passed and share.margin == pytest.approx((3 / 5 - 0.75) / 0.75)
+    assert by_id["check5-paths-do-not-cross"].margin == pytest.approx(-0.5)  # 3 crossings against 2
+    assert by_id["check2-encodes-invariants"].margin == pytest.approx((0.97 - 0.95) / 0.95)  # the closest of three
+
+
+def test_cor8_tail_rate_and_its_interval():
+    """`tail_rate`: an exact power law s = 3 L^(-1/2) gives b = −1/2 with no spread; with noise, the standard error
+    is the least-squares one, √(Σ residual²/(n − 2)/Σ(x − x̄)²) in x = log L, and the 95% interval uses Student's t."""
+    from scipy.stats import t as student
+
+    from featurelab.experiments.bn_rank_depth import cor8_claims, tail_rate
+
+    L = np.array([4, 6, 9, 12, 4, 6, 9, 12], dtype=float)
+    exact = tail_rate(L, 3 * L**-0.5)
+    assert exact["b"] == pytest.approx(-0.5) and exact["se"] == pytest.approx(0.0, abs=1e-12)
+    y = 3 * L**-0.5 * np.exp(np.random.default_rng(0).normal(0, 0.1, L.size))
+    r = tail_rate(L, y)
+    x, z = np.log(L), np.log(y)
+    b = np.sum((x - x.mean()) * (z - z.mean())) / np.sum((x - x.mean()) ** 2)
+    resid = z - z.mean() - b * (x - x.mean())
+    se = np.sqrt(np.sum(resid**2) / (L.size - 2) / np.sum((x - x.mean()) ** 2))
+    assert r["b"] == pytest.approx(b) and r["se"] == pytest.approx(se)
+    assert r["ci"] == pytest.approx([b - student.ppf(0.975, 6) * se, b + student.ppf(0.975, 6) * se])
+    assert np.isnan(tail_rate([6, 6, 6], [1.0, 2.0, 3.0])["b"])  # one depth: no rate
+
+    f = {"lam": 0.01, "k": 2, "cor8_share": {}, "tail_sqrt_L": {}, "rate": tail_rate(L, 3 * L**0.3)}
+    (growing,) = cor8_claims(f)  # tails that grow with L: the interval lies above 0
+    # b = 0.3 exactly: the interval [0.3, 0.3] misses -1/2 by (-0.5 - 0.3)/0.5 = -1.6 (and 0 by -0.3)
+    assert growing.passed is False and growing.margin == pytest.approx(-1.6, rel=1e-6)
+    (falling,) = cor8_claims({**f, "rate": r})
+    assert falling.passed and falling.kind == "empirical"

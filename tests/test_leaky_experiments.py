@@ -2,6 +2,8 @@
 networks (claims found by id). The residual r, |𝓗ᵀ⁴ − 𝓗|, the balancedness residual and the spread of ĥ are
 printed, not asserted. And F4's per-layer test (docs/theory/leaky-resnets.md §5.3) on constructed spectra."""
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -95,3 +97,84 @@ def test_paired_advantage_pairs_seeds():
     a = paired_advantage(t, ["adaptive"]).set_index("depth")
     assert a.loc[4, "mean"] == pytest.approx(0.25) and a.loc[4, "min"] == pytest.approx(-0.5)
     assert a.loc[8, "mean"] == pytest.approx(-0.5) and a.loc[8, "seeds"] == 1
+
+
+def test_f4_margin_is_the_smallest_gap_relative_to_ten():
+    """The F4 claim's margin is min gap / 10 − 1: +25 % at a gap of 12.5, 0 at the threshold, < 0 below it."""
+    ok = ["k*", "k*+1 (bias)"]
+    assert lb.f4_claim(3, ok, 12.5).margin == pytest.approx(0.25)
+    assert lb.f4_claim(3, ok, 10.0).passed and lb.f4_claim(3, ok, 10.0).margin == 0.0
+    below = lb.f4_claim(3, ["k*", "none"], 9.8)
+    assert not below.passed and below.margin == pytest.approx(-0.02)
+    assert below.premise == "critical" and below.kind == "empirical"
+
+
+def test_paper_preset_runs_the_papers_lambda_next_to_our_calibration():
+    """Part 1 App. B's λ = 0.002 with Part 1's loss, which is ours: one unit at it, one at the calibration 0.04."""
+    from featurelab.runs.runner import resolve_config
+
+    _, cfg = resolve_config("leaky-bottleneck", "paper")
+    assert [u["lam"] for u in lb.units(cfg)] == [0.04, 0.002]
+    assert "our calibration" in lb.lambda_note(cfg) and "0.04" in lb.lambda_note(cfg)
+    assert "calibration" not in lb.lambda_note(cfg.model_copy(update={"lam": 0.002, "lams": []}))
+
+
+@pytest.mark.parametrize("gamma", [1e-12, 1e-3])
+def test_f5_speed_ratio_is_one_at_the_critical_velocity(gen, gamma):
+    """Theorem 4 (b) in its tight form. At the critical velocity D = L̃(KB − A) (rows; K = σ(A)σ(A)ᵀ invertible,
+    N <= w+1) and γ = 0, by hand: ‖D‖²_K = L̃²[‖σ(A)ᵀB‖² − 2ΣB⊙A + ‖A‖²_K] = L̃²(COI − ĥ), ĥ = −2𝓗/L̃: the ratio
+    is exactly 1; at γ > 0 it stays within the theorem's additive slack 2L̃√γ‖B‖; twice the velocity gives 2."""
+    from featurelab.experiments import leaky_hamiltonian as lh
+    from featurelab.measurements.cost_of_identity import features
+    from featurelab.measurements.hamiltonian import layer_energies
+
+    A = torch.randn(6, 7, generator=gen, dtype=torch.float64)  # N = 6 <= w + 1 = 8: K is invertible
+    B = 0.3 * torch.randn(6, 7, generator=gen, dtype=torch.float64)
+    Lt = 2.5
+    S = features(A)
+    D = Lt * (S @ S.T @ B - A)
+    rows = [layer_energies(A, B, c * D, Lt, gamma, "absolute") for c in (1.0, 2.0)]
+    df = pd.DataFrame(rows).assign(rho=[Lt / 2, Lt / 2])  # Σρ_l = L̃ is what `speed_ratio` reads
+    q = lh.speed_ratio(df)
+    right = Lt * np.sqrt(rows[0]["coi_gamma"] - rows[0]["h_rescaled"])
+    assert abs(rows[0]["D_norm_K"] - right) <= 2 * Lt * np.sqrt(gamma) * rows[0]["B_norm"]
+    if gamma < 1e-9:
+        assert q[0] == pytest.approx(1.0, abs=1e-6) and q[1] == pytest.approx(2.0, rel=1e-6)
+    big = pd.DataFrame({"effective_depth": [5.0], "speed_log_ratio_max": [np.log(2.0)], "slack_b_share_max": [0.5]})
+    c = lh.f5_speed_claim(big)
+    assert not c.passed and c.margin == pytest.approx((np.log(1.5) - np.log(2.0)) / np.log(1.5))
+    ok = lh.f5_speed_claim(big.assign(speed_log_ratio_max=[0.0]))
+    assert ok.passed and ok.margin == pytest.approx(1.0) and ok.premise == "critical"
+
+
+def test_rise_margin_is_the_smallest_step_relative_to_the_largest_value():
+    from featurelab.experiments.leaky_hamiltonian import rise_margin
+
+    assert rise_margin([1.0, 2.0, 4.0]) == pytest.approx(0.25)
+    assert rise_margin([1.0, 3.0, 2.0]) == pytest.approx(-1 / 3)
+
+
+def test_discretization_claims_need_a_resolved_advantage_and_a_bottleneck():
+    """The advantage is measured only where every paired mean is >= 2 standard errors from 0; Fig. 2(b)'s ranks
+    only where the adaptive net has a middle-half layer no wider than the teacher's largest inner dimension."""
+    from featurelab.experiments import leaky_discretization as ld
+
+    rows = [
+        {"depth": L, "scheme": s, "seed": seed, "test_cost": 4.0 - gain * (s == "adaptive")}
+        for L, gains in ((4, (1.0, 1.1, 0.9)), (8, (0.5, 0.6, 0.4)))
+        for seed, gain in enumerate(gains)
+        for s in ("equidistant", "adaptive")
+    ]
+    clear = ld.advantage_claim(ld.paired_advantage(pd.DataFrame(rows), ["adaptive"]))
+    assert clear.passed and clear.margin == pytest.approx(0.5 / 4.0)  # smallest mean advantage / equidistant MSE
+    for r in rows:  # seed 2 loses at L = 8: paired differences 0.5, 0.6, -0.7, mean 0.13, standard error 0.42
+        if r["depth"] == 8 and r["seed"] == 2 and r["scheme"] == "adaptive":
+            r["test_cost"] = 4.7
+    blurred = ld.advantage_claim(ld.paired_advantage(pd.DataFrame(rows), ["adaptive"]))
+    assert blurred.passed is None and "not reproduced at this size" in blurred.reason
+
+    cfg = ld.Config(teacher_dims=[30, 6, 3, 30])
+    no_bn = {"mean_free_effective_ranks": [20] * 16}
+    assert ld.fig2b_claim(cfg, {"p≈0.3": 18, "p≈0.7": 10}, no_bn).passed is None
+    found = ld.fig2b_claim(cfg, {"p≈0.3": 6, "p≈0.7": 4}, {"mean_free_effective_ranks": [20] * 6 + [4] * 10})
+    assert found.passed is False and found.margin == pytest.approx(-1.0)  # one rank off: the window's share is −1
