@@ -16,6 +16,7 @@ between the markers `BEGIN` and `END`, leaving the hand-written text around them
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,10 +41,11 @@ class Variant:
     overrides: dict
 
 
-def variants(name: str, preset: str, seeds: list[int], overrides: dict | None = None) -> list[Variant]:
+def variants(name: str, preset: str, seeds: Sequence[int], overrides: dict | None = None) -> list[Variant]:
     """One `Variant` per seed, plus a float64 one at ``seeds[0]`` where experiment `name`'s config has a
     ``dtype`` field that the preset (with `overrides`) does not already set to float64. Checked up front:
     the seeds (distinct integers >= 0, at least one) and every variant's config (one-line errors)."""
+    seeds = list(seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
         raise FeaturelabError(f"seeds={seeds!r} is not allowed: give one or more integers >= 0, e.g. 0,1,2")
     if len(set(seeds)) != len(seeds):
@@ -61,7 +63,7 @@ def variants(name: str, preset: str, seeds: list[int], overrides: dict | None = 
 def run_robustness(
     name: str,
     preset: str = "quick",
-    seeds: list[int] = (0, 1, 2),  # type: ignore[assignment]
+    seeds: Sequence[int] = (0, 1, 2),
     overrides: dict | None = None,
     out: str | Path | None = None,
     echo=print,
@@ -216,7 +218,7 @@ def robustness_html(table: dict, prefix: str = "", level: int = 1) -> str:
 
 def reproduce(
     preset: str = "quick",
-    seeds: list[int] = (0, 1, 2),  # type: ignore[assignment]
+    seeds: Sequence[int] = (0, 1, 2),
     out: str | Path = "runs/reproduce",
     only: list[str] | None = None,
     echo=print,
