@@ -32,12 +32,15 @@ C = TypeVar("C", bound=ExperimentConfig)
 @dataclass
 class TrainingUnit:
     """One training run, as built by an experiment's `build`: the model, its data, how to train it and
-    the callbacks that add columns to its history (``on_log`` only, so that it can join an ensemble)."""
+    the callbacks that add columns to its history (``on_log`` only, so that it can join an ensemble), and
+    `certify`: a stationarity tolerance; when set the trained model is polished to a critical point in float64
+    (`featurelab.training.critical.polish`) before ``finish``, and the result gains its ``"certificate"``."""
 
     model: torch.nn.Module
     data: Dataset
     config: TrainConfig
     callbacks: tuple = ()
+    certify: float | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,19 @@ class Experiment(Generic[C]):
             progress=ctx.progress,
         )
         job.model.cpu()  # `finish` measures on the CPU, next to the unit's data
-        return with_health(self.finish(cfg, unit, job.model, result, ctx), job, result.history)
+        cert = certify(job)
+        return with_health({**self.finish(cfg, unit, job.model, result, ctx), **cert}, job, result.history)
+
+
+def certify(job: TrainingUnit) -> dict:
+    """``{"certificate": ...}`` after polishing the trained `job.model` (on the CPU, in place, to float64) to a
+    critical point at tolerance `job.certify` (`featurelab.training.critical.polish`); ``{}`` when not asked."""
+    if job.certify is None:
+        return {}
+    from ..training.critical import polish
+
+    cert = polish(job.model, job.data, job.config.objective, job.config.lam, tolerance=job.certify)
+    return {"certificate": cert.to_dict()}
 
 
 def with_health(result: dict, job: TrainingUnit, history=None) -> dict:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ExperimentConfig
-from ..experiments.base import Experiment, UnitContext, with_health
+from ..experiments.base import Experiment, UnitContext, certify, with_health
 from ..io import digest, write_json, write_text
 from ..runtime import set_threads
 
@@ -118,8 +118,9 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
             if isinstance(res, Exception):
                 raise res
             job.model.cpu()  # `finish` measures on the CPU, next to the unit's data
+            cert = certify(job)
             result = with_health(
-                exp.finish(cfg, unit, job.model, res, UnitContext(path, item.device, False, progress)),
+                {**exp.finish(cfg, unit, job.model, res, UnitContext(path, item.device, False, progress)), **cert},
                 job,
                 res.history,
             )

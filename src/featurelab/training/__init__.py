@@ -1,6 +1,7 @@
 """Training: phases of Adam / GD / SGD / L-BFGS on C + model.penalty(lam), with resumable run records."""
 
 from .checkpoint import load_model, save_model
+from .critical import Certificate, polish, stationarity
 from .engine import evaluate, param_norm
 from .ensemble import ensemble_key, train_ensemble
 from .objectives import OBJECTIVES, data_cost, error_rate
@@ -28,4 +29,8 @@ __all__ = [
     "Plateau",
     "detect_plateaus",
     "plateau_start",
+    # critical points of the regularised loss: float64 certificate and second-order polish
+    "Certificate",
+    "stationarity",
+    "polish",
 ]
