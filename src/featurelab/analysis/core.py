@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 import pandas as pd
+import scipy.linalg
 import torch
 from torch import nn
 
@@ -42,7 +43,7 @@ from .layers import Layer, input_side, layer_model
 from .loaders import WeightsChain
 from .report import ModelAnalysis
 from .representations import capture, row, select
-from .spectra import weightwatcher_columns, weightwatcher_eigenvalues
+from .spectra import singular_values, weightwatcher_columns, weightwatcher_eigenvalues
 
 
 def _check_model(model: nn.Module) -> None:
@@ -91,27 +92,52 @@ def _fit(out: torch.Tensor, Y) -> dict:
     return {"relative_mse": float(((out - Y) ** 2).sum() / ((Y - Y.mean(0)) ** 2).sum().clamp_min(1e-300))}
 
 
-def _ww(layer: Layer) -> dict:
-    """WeightWatcher's columns of `layer`, read from the stored kernel as WeightWatcher reads it."""
+def _spectra(layer: Layer, vector: bool, weightwatcher: bool):
+    """(singular values, top left singular vector when `vector`, WeightWatcher's eigenvalues when `weightwatcher`).
+
+    WeightWatcher reads the stored kernel (BatchNorm not folded), a Conv2d per k_h·k_w slice. For an ungrouped
+    Conv2d with out <= in and out > 128 one batch of slice Gram matrices G_ij = W_ij W_ijᵀ serves both: the
+    unfolded operator has M Mᵀ = D (Σ_ij G_ij) D, D the folded BatchNorm's factor, whose eigendecomposition gives
+    its singular values (the Gram route of `spectra.singular_values`) and top left singular vector."""
     m = layer.module
-    if isinstance(m, nn.Linear | nn.Conv1d | nn.Conv2d) and layer.kind in ("linear", "conv", "grouped conv"):
-        W = m.weight.detach()
-        return weightwatcher_columns(weightwatcher_eigenvalues(W, isinstance(m, nn.Conv2d)))
-    return weightwatcher_columns(weightwatcher_eigenvalues(layer.matrix, False))
+    stored = isinstance(m, nn.Linear | nn.Conv1d | nn.Conv2d) and layer.kind in ("linear", "conv", "grouped conv")
+    raw = m.weight.detach() if stored and m is not None else layer.matrix
+    conv2d = isinstance(m, nn.Conv2d) and stored
+    if conv2d and layer.groups == 1 and 128 < raw.shape[0] <= raw.shape[1]:
+        slices = raw.permute(2, 3, 0, 1).reshape(-1, raw.shape[0], raw.shape[1])
+        G = slices @ slices.transpose(1, 2)
+        evals = torch.linalg.eigvalsh(G).clamp_min(0).reshape(-1).numpy() / 2 if weightwatcher else None
+        d = layer.scale if layer.scale is not None else torch.ones(raw.shape[0], dtype=raw.dtype)
+        MMt = G.sum(0) * d[:, None] * d[None, :]
+        s = torch.linalg.eigvalsh(MMt).flip(0).clamp_min(0).sqrt()
+        return s, _top_eigenvector(MMt) if vector else None, evals
+    s = singular_values(layer.matrix)
+    evals = weightwatcher_eigenvalues(raw, conv2d) if weightwatcher else None
+    return s, _top_left(layer.matrix) if vector else None, evals
+
+
+def _top_left(M: torch.Tensor) -> torch.Tensor:
+    """The top left singular vector of M (sign arbitrary), from the smaller Gram matrix's top eigenvector."""
+    if M.shape[0] <= M.shape[1]:
+        return _top_eigenvector(M @ M.T)
+    u = M @ _top_eigenvector(M.T @ M)
+    return u / torch.linalg.vector_norm(u)
+
+
+def _top_eigenvector(G: torch.Tensor) -> torch.Tensor:
+    """The eigenvector of the largest eigenvalue of the symmetric G (LAPACK syevr for that one pair only)."""
+    n = G.shape[0]
+    return torch.from_numpy(scipy.linalg.eigh(G.numpy(), subset_by_index=[n - 1, n - 1])[1][:, 0])
 
 
 def _layer_rows(lm, top, effective_rtol, rtol, weightwatcher):
-    """The layers table, the spectra and the per-unit balance of every homogeneous pair."""
+    """The layers table, the spectra and the per-unit balance of every homogeneous pair. Alignment reads the top
+    singular vectors as top eigenvectors of the units x units Gram matrices (accurate to ε·s_1²/(s_1² − s_2²))."""
     by_name = {layer.name: layer for layer in lm.layers}
-    paired = set(lm.pairs) | {p.b for p in lm.pairs.values()}
-    svd = {
-        layer.name: torch.linalg.svd(layer.matrix, full_matrices=False) if layer.name in paired else None
-        for layer in lm.layers
-    }
     rows, spectra, balance = [], {}, {}
     for layer in lm.layers:
-        full = svd[layer.name]
-        s = full.S if full is not None else torch.linalg.svdvals(layer.matrix)
+        pair = lm.pairs.get(layer.name)
+        s, u1, evals = _spectra(layer, pair is not None, weightwatcher)
         spectra[layer.name] = s.numpy()
         r = {
             "name": layer.name,
@@ -129,14 +155,11 @@ def _layer_rows(lm, top, effective_rtol, rtol, weightwatcher):
         }
         r |= spectrum_ranks(s, effective_rtol=effective_rtol, numerical_rtol=rtol)
         r |= {"next": "", "balance_mean": np.nan, "balance_residual": np.nan, "alignment": np.nan}
-        pair = lm.pairs.get(layer.name)
         nxt = by_name[pair.b] if pair else None
         side = input_side(layer, nxt) if nxt is not None else None
-        if pair and side is not None and full is not None:
-            same = side.shape == nxt.matrix.shape and torch.equal(side, nxt.matrix)
-            v = svd[nxt.name].Vh[0] if same else torch.linalg.svd(side, full_matrices=False).Vh[0]
+        if pair and side is not None and u1 is not None:
             r["next"] = nxt.name
-            r["alignment"] = float((full.U[:, 0] @ v).abs())
+            r["alignment"] = float((u1 @ _top_left(side.T)).abs())
             if pair.homogeneous:
                 incoming = (layer.matrix**2).sum(1) + (layer.bias**2 if layer.bias is not None else 0.0)
                 outgoing = (side**2).sum(0)
@@ -144,8 +167,8 @@ def _layer_rows(lm, top, effective_rtol, rtol, weightwatcher):
                 res = torch.where(total > 0, diff.abs() / total.clamp_min(1e-300), torch.zeros_like(diff))
                 balance[layer.name] = diff.numpy()
                 r |= {"balance_mean": float(diff.mean()), "balance_residual": float(res.max())}
-        if weightwatcher:
-            r |= _ww(layer)
+        if evals is not None:
+            r |= weightwatcher_columns(evals)
         rows.append(r)
     return pd.DataFrame(rows), spectra, balance
 

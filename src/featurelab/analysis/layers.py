@@ -109,7 +109,7 @@ class Layer:
     module: nn.Module | None = None
     folded: str = ""
     groups: int = 1
-    kernel: torch.Tensor | None = field(default=None, repr=False)  # a conv's (folded) kernel
+    scale: torch.Tensor | None = field(default=None, repr=False)  # the folded BatchNorm's per-row factor
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ def _fold(
     W = m.weight.detach() * s.reshape(-1, *[1] * (m.weight.ndim - 1))
     b = m.bias.detach() if m.bias is not None else torch.zeros_like(s)
     b = (b - bn.running_mean) * s + (bn.bias.detach() if bn.bias is not None else 0.0)
-    return W, b
+    return W, b, s
 
 
 def _operator(W: torch.Tensor, groups: int) -> torch.Tensor:
@@ -293,14 +293,14 @@ def _module_layers(name: str, m: nn.Module, fold: nn.Module | None, fold_name: s
     if isinstance(m, WEIGHTED):
         W = m.weight.detach()
         b = m.bias.detach() if m.bias is not None else None
-        folded = ""
-        if isinstance(fold, BATCHNORMS) and (pair := _fold(m, fold)) is not None:
-            (W, b), folded = pair, fold_name
+        folded, scale = "", None
+        if isinstance(fold, BATCHNORMS) and (triple := _fold(m, fold)) is not None:
+            (W, b, scale), folded = triple, fold_name
         if isinstance(m, nn.Linear):
-            return [Layer(name, type(m).__name__, "linear", W, b, tuple(m.weight.shape), m, folded)]
+            return [Layer(name, type(m).__name__, "linear", W, b, tuple(m.weight.shape), m, folded, 1, scale)]
         G = m.groups
         kind = "grouped conv" if G > 1 else "conv"
-        return [Layer(name, type(m).__name__, kind, _operator(W, G), b, tuple(W.shape), m, folded, G, W)]
+        return [Layer(name, type(m).__name__, kind, _operator(W, G), b, tuple(W.shape), m, folded, G, scale)]
     if isinstance(m, nn.Embedding):
         W = m.weight.detach()
         return [Layer(f"{name}.weight", "Embedding", "embedding", W, None, tuple(W.shape), m)]
