@@ -1,8 +1,8 @@
 """Every Python block of README.md and docs/ runs as written: the blocks of one page run top to bottom in one
 fresh namespace, in a scratch folder. A line ``EXPR  # -> VALUE`` checks what it shows: EXPR must equal the
 literal VALUE (a float to the digits shown). A block whose first line is ``# not run by the docs test: WHY``
-is skipped, for a reason a reader can see (it needs Ray, a GPU or local MNIST files). No block may use a
-deprecated featurelab name."""
+is skipped, for a reason a reader can see (it needs Ray, a GPU or local MNIST files). No page may use a
+deprecated featurelab name, and the CHANGELOG's top entry is the package's one version."""
 
 import ast
 import importlib.util
