@@ -148,11 +148,15 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_analyze(args) -> int:
-    from .analysis import analyze, load_factory, load_inputs, weights_module
+    from .analysis import analyze, check_out, load_factory, load_inputs, parse_shape, weights_module
+    from .checks import int_at_least
     from .runtime import set_threads
 
+    for name, low in (("threads", 1), ("n", 1), ("jacobian", 0)):
+        int_at_least(f"--{name}", getattr(args, name), low)
+    out = check_out(args.out, args.force)
+    shape = parse_shape(args.shape) if args.shape else None
     set_threads(args.threads)
-    shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else None
     if args.target.endswith(".safetensors"):
         if args.data:
             raise FeaturelabError("--data needs a model: give package.module:factory (a weights file is weights only)")
@@ -160,9 +164,10 @@ def _cmd_analyze(args) -> int:
     else:
         model = load_factory(args.target, args.weights)
         X, Y = load_inputs(args.data, args.n, shape) if args.data else (None, None)
-    result = analyze(model, X, Y, jacobian=args.jacobian)
+    chosen = args.representations.split(",") if args.representations else None
+    result = analyze(model, X, Y, jacobian=args.jacobian, representations=chosen)
     print(result)
-    print(f"report: {result.report(args.out, title=f'analysis of {args.target}').resolve()}")
+    print(f"report: {result.report(out, title=f'analysis of {args.target}').resolve()}")
     return 0
 
 
@@ -275,7 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--shape", default=None, help="reshape each row, e.g. 1,8,8 for a conv net on digits")
     a.add_argument("--weights", default=None, help="safetensors state dict to load into the factory's model")
     a.add_argument("--jacobian", type=int, default=0, help="samples for the Jacobian rank and NTK trace (0: off)")
-    a.add_argument("--out", default="analysis", help="output folder (default ./analysis)")
+    a.add_argument("--out", default="analysis", help="output folder (default ./analysis; kept unless --force)")
+    a.add_argument("--force", action="store_true", help="overwrite a previous analysis in --out")
+    a.add_argument("--representations", default=None, help="comma-separated module names, globs (blocks.*) to read")
     a.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     a.set_defaults(func=_cmd_analyze)
     return p

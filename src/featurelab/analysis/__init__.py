@@ -9,7 +9,7 @@ Clauset–Shalizi–Newman tail fit behind the ``ww_alpha`` column; `weights_mod
 """
 
 from .core import analyze
-from .loaders import load_factory, load_inputs, parse_shape, weights_module
+from .loaders import check_out, load_factory, load_inputs, parse_shape, weights_module
 from .report import ModelAnalysis
 from .spectra import PowerLawFit, power_law_fit, singular_values
 from .tracker import AnalysisTracker
@@ -25,4 +25,5 @@ __all__ = [
     "load_factory",
     "load_inputs",
     "parse_shape",
+    "check_out",
 ]

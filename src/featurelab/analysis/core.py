@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import time
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -101,7 +102,7 @@ def _spectra(layer: Layer, vector: bool, weightwatcher: bool):
     its singular values (the Gram route of `spectra.singular_values`) and top left singular vector."""
     m = layer.module
     stored = isinstance(m, nn.Linear | nn.Conv1d | nn.Conv2d) and layer.kind in ("linear", "conv", "grouped conv")
-    raw = m.weight.detach() if stored and m is not None else layer.matrix
+    raw = cast(torch.Tensor, m.weight).detach() if stored and m is not None else layer.matrix
     conv2d = isinstance(m, nn.Conv2d) and stored
     if conv2d and layer.groups == 1 and 128 < raw.shape[0] <= raw.shape[1]:
         slices = raw.permute(2, 3, 0, 1).reshape(-1, raw.shape[0], raw.shape[1])

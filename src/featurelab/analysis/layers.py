@@ -265,8 +265,8 @@ def _sequential_links(net: nn.Module) -> dict[str, tuple[str | None, str | None,
 # ---------------------------------------------------------------------------------- the layers
 def _fold(
     m: nn.Linear | nn.Conv1d | nn.Conv2d, bn: nn.BatchNorm1d | nn.BatchNorm2d
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(W', b') of `m` followed by eval-mode BatchNorm `bn` (module docstring), None without running stats."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(W', b', s) of `m` followed by eval-mode BatchNorm `bn` (module docstring), None without running stats."""
     if bn.running_mean is None or bn.running_var is None:
         return None
     s = bn.running_var.rsqrt() if bn.eps == 0 else (bn.running_var + bn.eps).rsqrt()

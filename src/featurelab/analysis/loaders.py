@@ -228,4 +228,21 @@ def load_inputs(data: str, n: int | None = 1000, shape: tuple[int, ...] | None =
     return X, Y
 
 
-__all__ = ["weights_module", "load_factory", "load_inputs", "parse_shape"]
+
+
+def check_out(out: str | Path, force: bool = False) -> Path:
+    """The output folder of an analysis, checked before anything is computed: not a file, and not holding a previous
+    analysis (``report.html`` or ``summary.json``) unless `force`."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise FeaturelabError(f"--out '{path}' is a file; give a folder for the analysis")
+    previous = [name for name in ("report.html", "summary.json") if (path / name).exists()]
+    if previous and not force:
+        raise FeaturelabError(
+            f"--out '{path}' holds a previous analysis ({previous[0]}); add --force to overwrite it, or give another "
+            "--out"
+        )
+    return path
+
+
+__all__ = ["weights_module", "load_factory", "load_inputs", "parse_shape", "check_out"]
