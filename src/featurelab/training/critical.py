@@ -319,7 +319,7 @@ def polish(
     lam: float,
     *,
     tolerance: float = 1e-6,
-    max_iterations: int = 300,
+    max_iterations: int = 100_000,
     max_seconds: float = 120.0,
 ) -> Certificate:
     """Minimise ``C + model.penalty(lam)`` on ``data``'s training set (``N x d_in`` rows) from `model`'s
