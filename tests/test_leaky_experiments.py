@@ -65,8 +65,12 @@ CALIBRATED = (
 def test_quick_preset_checks_Q1_to_Q7(tmp_path):
     record = run_experiment("leaky-hamiltonian", "quick", out=tmp_path / "run", workers=2, progress=False)
     by_id = {c["id"]: c for c in record.claims}
-    for q in CALIBRATED:
-        assert by_id[q]["passed"], f"{q}: measured {by_id[q]['measured']}, expected {by_id[q]['expected']}"
+    for q in CALIBRATED:  # a claim about critical points is measured only on certified units
+        c = by_id[q]
+        if c["premise"] == "critical" and c["passed"] is None:
+            assert "critical point" in c["reason"], c["reason"]
+        else:
+            assert c["passed"], f"{q}: measured {c['measured']}, expected {c['expected']}"
     for row in record.summary["per_depth"]:
         print(
             f"L̃={row['effective_depth']:g}: median r={row['residual_median']:.3g}, "
@@ -106,7 +110,7 @@ def test_f4_margin_is_the_smallest_gap_relative_to_ten():
     assert lb.f4_claim(3, ok, 10.0).passed and lb.f4_claim(3, ok, 10.0).margin == 0.0
     below = lb.f4_claim(3, ["k*", "none"], 9.8)
     assert not below.passed and below.margin == pytest.approx(-0.02)
-    assert below.premise == "critical" and below.kind == "empirical"
+    assert below.premise == "" and below.kind == "empirical"  # Fig. 1's observation, not a critical-point theorem
 
 
 def test_paper_preset_runs_the_papers_lambda_next_to_our_calibration():

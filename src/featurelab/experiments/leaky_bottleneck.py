@@ -15,7 +15,8 @@ Claim `f4-bottleneck-gap` (Jacot & Kaiser Fig. 1, App. B "a clear separation bet
 s_{k*} >= 10 s_{k*+1}; or k*+1 of them, s_{k*+1} >= 10 s_{k*+2}, where the extra one is the bias direction:
 with the layer's mean input direction m = mean_i σ(A_{l-1})_i (the constant input, bias entry included) removed,
 W_l(I - m̂m̂ᵀ) has k* dominant values, s_{k*} >= 10 s_{k*+1} (`mean_free_weights`; docs/leaky-resnets.md).
-F4 describes minimisers of the regularised loss: the claim has premise "critical", its units are certified.
+F4 is the paper's observation on trained nets (Fig. 1, App. B), not a statement at critical points: no premise;
+the units are certified all the same, so that the report gives how far from a critical point the F4 net is.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def mean_free_layer_weights(model: LeakyResNet, X: torch.Tensor) -> list[torch.T
 def f4_claim(k: int, kinds: list[str], gap_min: float, where: str = "", id: str = "f4-bottleneck-gap"):
     """The `f4-bottleneck-gap` claim from the `bottleneck_kind` of every bottleneck layer; gap_min is the smallest
     `f4_gap` among them, and the margin is its relative distance to `GAP`, ``gap_min/GAP − 1`` (the layer that
-    decides the verdict). Premise "critical": F4 describes minimisers of the regularised loss."""
+    decides the verdict)."""
     good, total = sum(kind in ("k*", "k*+1 (bias)") for kind in kinds), len(kinds)
     return claim(
         f"F4{where}: every bottleneck layer (p in [1/4, 3/4)) has k* = {k} dominant singular values of W_l, "
@@ -231,7 +232,6 @@ def f4_claim(k: int, kinds: list[str], gap_min: float, where: str = "", id: str 
         f"gap >= {GAP:g}",
         id=id,
         margin=margin(gap_min, GAP, ">=") if total else None,
-        premise="critical",
     )
 
 

@@ -199,8 +199,10 @@ SPEED_FACTOR = 1.5  # [ours] F5's two sides agree within this factor at every la
 
 
 def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
-    """Q1-Q7 of Part 1 §5.4, F4 at the largest L̃, F1 and F5: all statements about trained (critical) networks,
-    so all premise "critical"; margins as in `featurelab.claims.margin` on the number that decides each."""
+    """Q1-Q7 of Part 1 §5.4, F4 at the largest L̃, F1 and F5; margins as in `featurelab.claims.margin` on the
+    number that decides each. Premise "critical" where the statement rests on the critical-point equations: the
+    Hamiltonians ĥ, ĥ_γ (conserved only there, §3.2: Q1, Q3, Q7, F1), Prop. 5's non-negativity (Q6) and
+    Theorem 4 (F5); the observations of Fig. 1 on trained nets (COI, spectra, κ: Q2, Q4, Q5, F4) have none."""
     k = lb.bottleneck_rank(cfg)
     Lts = t["effective_depth"].tolist()
     big = t[t["effective_depth"] >= LARGE]
@@ -228,7 +230,6 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
             increasing(-t["min_coi"]) and k - 0.5 <= last_coi <= k + 1.5,
             id="q2-coi-decreases",
             margin=min(rise_margin(-t["min_coi"]), margin(last_coi, k + 0.5, "==", atol=1.0)),
-            premise="critical",
         ),
         claim(
             "Q3: median ĥ_γ < min_l COI_γ at each L̃",
@@ -254,7 +255,6 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
             t["f4_layers_with_gap"].iloc[0] == 0,
             id="q4-no-gap-small-depth",
             margin=margin(small_gaps, lb.GAP, "<="),
-            premise="critical",
         ),
         claim(
             "Q5: at L̃ >= 5 the first-layer κ is >= 10x the mid-half median κ",
@@ -264,7 +264,6 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
             bool((kappa_ratio >= 10).all()) and len(big) > 0,
             id="q5-kappa-large-at-input",
             margin=margin(float(kappa_ratio.min()), 10.0) if len(big) else None,
-            premise="critical",
         ),
         claim(
             "Q6: the mid-half negativity max_l ‖min(A,0)‖/‖A‖ decreases with L̃",
@@ -361,7 +360,8 @@ def f5_speed_claim(big: pd.DataFrame):
 
 
 def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
-    """F1-F5 and Fig. 3 of Part 1 §5.3 at the paper's sizes: statements about trained (critical) networks."""
+    """F1-F5 and Fig. 3 of Part 1 §5.3 at the paper's sizes; premise "critical" on the Hamiltonian and Theorem-4
+    statements (F1, F2's slack (d), F3, F5's speed), none on the observations of Figs. 1 and 3."""
     k = lb.bottleneck_rank(cfg)
     big = t[t["effective_depth"] >= LARGE]
     rho_c = spearmanr(t["effective_depth"], t["min_coi"]).statistic
@@ -426,7 +426,6 @@ def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
             has_big and bool((ends < lb.GAP).all()),
             id="f4-no-gap-at-ends",
             margin=margin(float(ends.max()), lb.GAP, "<=") if has_big else None,
-            premise="critical",
         ),
         claim(
             "F5: at L̃ >= 5, κ at both ends >= 10x its mid-half median, and mid-half median COI_γ within 1 of k*",
@@ -446,7 +445,6 @@ def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
             )
             if has_big
             else None,
-            premise="critical",
         ),
         f5_speed_claim(big),
         claim(
@@ -458,7 +456,6 @@ def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
             "[ours] factor 10",
             id="fig3-bounded",
             margin=margin(max(bounded.values()), 10.0, "<="),
-            premise="critical",
         ),
     ]
 
