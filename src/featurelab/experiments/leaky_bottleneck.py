@@ -120,7 +120,7 @@ PRESETS = {
 }
 
 GAP = 10.0  # F4's "clear separation": s_{k*} >= 10 s_{k*+1} (docs/theory/leaky-resnets.md §5.3 F4)
-CERTIFY = 1e-6  # the stationarity tolerance of the units behind F4 (a statement about critical points)
+CERTIFY = 1e-6  # the tolerance of each unit's critical-point certificate (reported; leaky-hamiltonian gates on it)
 
 
 def lambda_note(cfg: Config) -> str:
@@ -260,7 +260,7 @@ def train_config(cfg: Config) -> TrainConfig:
     ]
     if cfg.gd_steps:
         phases.append(Phase(optimizer="sgd", steps=cfg.gd_steps, lr=cfg.gd_lr, guard_window=500))
-    if cfg.lbfgs_steps:  # float64 L-BFGS towards the critical point F4 is stated at (Part 1 §5.2: ρ fixed)
+    if cfg.lbfgs_steps:  # float64 L-BFGS towards a critical point (Part 1 §5.2: ρ fixed), where F4's gap opens
         phases.append(Phase(optimizer="lbfgs", steps=cfg.lbfgs_steps, lr=cfg.lbfgs_lr, dtype="float64"))
     return TrainConfig(
         objective="mse",
