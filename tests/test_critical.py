@@ -139,3 +139,27 @@ def test_an_unfinished_polish_is_not_certified_and_estimates_the_condition():
     assert cert.condition is not None and 1 < cert.condition < math.inf
     assert cert.method.startswith("trust-region Newton-CG")
     assert set(cert.to_dict()) >= {"stationarity", "certified", "hvps", "seconds", "condition", "detail"}
+
+
+class Kink(nn.Module):
+    """f(x) = relu((w − 1)x) with penalty λw², at w = 1: its one ReLU input sits at the kink."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1, dtype=torch.float64))
+
+    def forward(self, X):
+        return torch.relu((self.w - 1) * X)
+
+    def penalty(self, lam):
+        return lam * (self.w**2).sum()
+
+
+@pytest.mark.parametrize("lam", [0.3, 4.0])
+def test_clarke_stationarity_chooses_the_kink_slope(lam):
+    # with target 1: ∇C = −2s for the ReLU slope s ∈ [0, 1] at the kink, ∇R = 2λ; torch takes s = 0
+    one = torch.ones(1, 1, dtype=torch.float64)
+    cert = stationarity(Kink(), Dataset(one, one, one, one), "mse", lam)
+    assert cert.stationarity == pytest.approx(1.0, rel=1e-12) and cert.detail["relu_kinks"] == 1
+    # min_s |2λ − 2s| / 2λ: 0 when λ <= 1 (s = λ), else 1 − 1/λ (s = 1)
+    assert cert.detail["clarke_stationarity"] == pytest.approx(max(0.0, 1 - 1 / lam), abs=1e-9)

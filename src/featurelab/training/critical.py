@@ -29,7 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import cast
 
+import numpy as np
 import torch
+from scipy.optimize import minimize
 from torch import nn
 from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
@@ -146,10 +148,14 @@ class _Problem:
                 p.copy_(t.view_as(p))
 
 
+def _denominator(gr: torch.Tensor, theta: torch.Tensor, cost: float, lam: float) -> float:
+    """The stationarity's denominator (module docstring): ‖∇R‖ for λ > 0, else |C|/‖θ‖."""
+    return float(gr.norm()) if lam > 0 else abs(cost) / max(float(theta.norm()), 1e-300)
+
+
 def _ratio(g: torch.Tensor, gr: torch.Tensor, theta: torch.Tensor, cost: float, lam: float) -> float:
     """The stationarity of the module docstring from the gradients (inf when the denominator vanishes)."""
-    num = float(g.norm())
-    den = float(gr.norm()) if lam > 0 else abs(cost) / max(float(theta.norm()), 1e-300)
+    num, den = float(g.norm()), _denominator(gr, theta, cost, lam)
     if num == 0:
         return 0.0
     return num / den if den > 0 else math.inf
@@ -226,8 +232,15 @@ class _ReluInputs(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def relu_kinks(model: nn.Module, X: torch.Tensor, rtol: float = 1e-8) -> int:
-    """How many ReLU inputs of `model` on X (``N x d_in``) sit at the kink: ``|a| <= rtol·max|a|`` per layer.
+KINK_RTOL = 1e-8  # a ReLU input with |a| <= KINK_RTOL·max|a| (in its layer) is at the kink
+
+
+def _kink_masks(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [a.abs() <= KINK_RTOL * float(a.abs().max()) if a.numel() else a.bool() for a in inputs]
+
+
+def relu_kinks(model: nn.Module, X: torch.Tensor) -> int:
+    """How many ReLU inputs of `model` on X (``N x d_in``) sit at the kink: ``|a| <= 1e-8·max|a|`` per layer.
 
     A minimum where some do is a minimum of a non-smooth function: ∇(C + R) jumps across it and need not
     vanish there (docs/theory/conventions.md, "Critical points"). Counts ``torch.relu`` calls (Leaky ResNets,
@@ -235,7 +248,61 @@ def relu_kinks(model: nn.Module, X: torch.Tensor, rtol: float = 1e-8) -> int:
     mode = _ReluInputs()
     with torch.no_grad(), mode:
         model(X)
-    return sum(int((a.abs() <= rtol * float(a.abs().max())).sum()) for a in mode.inputs if a.numel())
+    return sum(int(m.sum()) for m in _kink_masks(mode.inputs))
+
+
+class _KinkSlopes(TorchFunctionMode):
+    """``torch.relu(a) → a·m`` with ``m = 1[a > 0]`` off the kinks and the given slopes on them (in call order)."""
+
+    def __init__(self, masks: list[torch.Tensor], slopes: torch.Tensor):
+        super().__init__()
+        self.masks, self.slopes, self.calls, self.used = masks, slopes, 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is not torch.relu:
+            return func(*args, **(kwargs or {}))
+        a, kink = args[0], self.masks[self.calls]
+        n = int(kink.sum())
+        free = torch.zeros_like(a).masked_scatter(kink, self.slopes[self.used : self.used + n])
+        self.calls, self.used = self.calls + 1, self.used + n
+        return a * torch.where(kink, free, (a.detach() > 0).to(a.dtype))
+
+
+def clarke_stationarity(problem: _Problem, theta: torch.Tensor, max_evaluations: int = 150) -> tuple[float, int]:
+    """``(min_s ‖∇𝓛_s‖ / ‖∇R‖, number of kinks)``: the stationarity with each kink's ReLU slope s chosen in
+    [0, 1] (`relu_kinks`; any slope there is a one-sided limit or a convex combination of the two, Clarke's
+    generalised gradient), minimised by L-BFGS-B over the slopes (an upper bound on the minimum; the
+    ratio's denominator as in `stationarity`). Equals the stationarity when no input is at a kink."""
+    mode = _ReluInputs()
+    with torch.no_grad(), mode:
+        problem.parts(theta)
+    masks = _kink_masks(mode.inputs)
+    kinks = sum(int(m.sum()) for m in masks)
+    _, g, gr, c = problem.evaluate(theta)
+    plain = _ratio(g, gr, theta, c, problem.lam)
+    if kinks == 0 or plain == 0:
+        return plain, kinks
+    scale = _denominator(gr, theta, c, problem.lam) ** -2
+
+    def objective(s_np: np.ndarray) -> tuple[float, np.ndarray]:
+        s = torch.from_numpy(s_np).requires_grad_()
+        t = theta.detach().requires_grad_()
+        with _KinkSlopes(masks, s):
+            cost, pen = problem.parts(t)
+        (gs,) = torch.autograd.grad(cost + pen, t, create_graph=True)
+        q = (gs @ gs) * scale
+        (dq,) = torch.autograd.grad(q, s)
+        return float(q.detach()), dq.numpy()
+
+    found = minimize(
+        objective,
+        np.full(kinks, 0.5),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=[(0.0, 1.0)] * kinks,
+        options={"maxfun": max_evaluations, "ftol": 1e-30, "gtol": 1e-30},
+    )
+    return min(plain, math.sqrt(max(float(found.fun), 0.0))), kinks
 
 
 def _leaky_detail(problem: _Problem, g: torch.Tensor, gr: torch.Tensor) -> dict:
@@ -275,7 +342,8 @@ def _certificate(
     certified = s <= tolerance
     problem.write(theta)
     model = problem.loss.model
-    detail: dict = {"relu_kinks": relu_kinks(model, problem.X)}
+    clarke, kinks = clarke_stationarity(problem, theta) if not certified else (s, relu_kinks(model, problem.X))
+    detail: dict = {"relu_kinks": kinks, "clarke_stationarity": clarke}
     if isinstance(model, LeakyResNet) and problem.lam > 0:
         detail.update(_leaky_detail(problem, g, gr))
     condition = None
