@@ -53,7 +53,7 @@ def test_every_help_has_examples_experiments_and_defaults():
     def help_of(*argv):
         return subprocess.run([*CLI, *argv, "--help"], capture_output=True, text=True, timeout=60).stdout
 
-    for command in ("list", "run", "bench", "report", "analyze"):
+    for command in ("list", "run", "reproduce", "bench", "report", "analyze"):
         assert f"examples:\n  featurelab {command}" in help_of(command), command
     run_help = help_of("run")
     for e in CATALOG:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import signal
 import sys
 from pathlib import Path
@@ -185,7 +186,10 @@ featurelab COMMAND --help shows each command's options and examples.""",
     "run": """  featurelab run leaky-bottleneck                    # quick preset -> runs/leaky-bottleneck-quick/
   featurelab run forces --preset tiny --out runs/smoke
   featurelab run leaky-bottleneck --preset paper --device cuda --set lam=0.001
-  featurelab run leaky-bottleneck --out runs/x --resume   # continue an interrupted run""",
+  featurelab run leaky-bottleneck --out runs/x --resume   # continue an interrupted run
+  featurelab run forces --preset tiny --seeds 0,1,2  # is each claim reproduced under every seed?""",
+    "reproduce": """  featurelab reproduce --preset tiny --seeds 0,1      # every experiment, seconds each
+  featurelab reproduce --only leaky-bottleneck,forces  # quick preset, seeds 0,1,2 -> runs/reproduce/index.html""",
     "bench": """  featurelab bench --only a,b                        # matmul peak and batched ensembles
   featurelab bench --paper --device cuda --out bench-gpu.json""",
     "report": """  featurelab report runs/leaky-bottleneck-quick""",
@@ -245,16 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
         "robustness.json/.html: a claim is reproduced when it passes under all (docs/reproduction.md)",
     )
     r.set_defaults(func=_cmd_run)
-    rp = sub.add_parser(
-        "reproduce",
-        help="every experiment that needs no local files, under seeds and float64: index.html, index.json",
+    rp = _command(
+        sub, "reproduce", "every experiment that needs no local files, under seeds and float64: index.html, index.json"
     )
     rp.add_argument("--preset", default="quick", help="preset of every experiment (default quick)")
     rp.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2); float64 runs seed 1st")
     rp.add_argument("--out", default="runs/reproduce", help="folder, one subfolder per experiment (resumable)")
     rp.add_argument("--only", default=None, help="comma-separated experiments (default: all that need no files)")
     rp.add_argument("--markdown", default=None, metavar="FILE", help="only regenerate FILE's tables from the index")
-    rp.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    rp.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     rp.add_argument("--workers", type=int, default=None, help="worker processes for sweeps (default: cores)")
     rp.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     rp.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -306,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     except FeaturelabError as exc:
         print(f"featurelab: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of the output went away (featurelab list | head -1): nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not interrupt the message
         hint = "; continue with the same command plus --resume" if command == "run" else ""
