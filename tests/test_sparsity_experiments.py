@@ -74,34 +74,44 @@ def test_width_plateau_claims_rest_on_the_minimising_trials():
     assert claims["teacher-m1-gap"].passed is None  # rests on the collapsed minimiser: not measured
 
 
-def test_cp_rank_reach_tolerance_cannot_let_a_narrow_width_reach_the_optimum():
-    """The quick preset's numbers: m(8) - m(9) = 4.5e-4 while 1 % of m* is 3.6e-3. The derived tolerance is half
-    the best narrow net's relative gap, so width 8 would fail a claim width 9 passes; a width-9 net only as near
-    m* as width 8 fails it too, though 1 % would have passed it."""
+def test_cp_rank_lower_bound_and_reach_tolerance():
+    """m_low is the nuclear-norm prox: for bipartite(6), Q = 3I + Adj(K_{3,3}) has singular values 6, 3 (x4),
+    0; at λN = 0.06 they shrink to 5.94, 2.94, and m_low = (5·0.06²)/6 + 2λ(5.94 + 4·2.94) = 0.357, below the
+    rescaled construction's m*. The reach tolerance is half the best narrow net's gap, so width 8 could never
+    pass a claim width 9 passes, and a width-9 net only as near m_low as width 8 fails it, though 1 % would not."""
     from featurelab.data.constructions import bipartite
-    from featurelab.experiments.cp_rank import Config, analyze, best_rescaled_loss, reach_tolerance
+    from featurelab.experiments.cp_rank import (
+        Config,
+        analyze,
+        best_rescaled_loss,
+        lower_bound_loss,
+        reach_tolerance,
+    )
 
     cfg = Config(construction_sizes=[4], onehot_sizes=[2, 3])
     c = bipartite(cfg.N)
-    target = best_rescaled_loss(c.data.Y_train, cfg.lam, c.sq_norm)
-    assert target == pytest.approx(0.36 - 0.36**2 * 6 / (4 * float((c.data.Y_train**2).sum())))
-    m8 = target + 4.5e-4 + 1e-5
-    assert reach_tolerance(0.01, [m8], target) == pytest.approx(0.5 * (m8 / target - 1))
-    assert reach_tolerance(0.01, [], target) == 0.01
-    assert abs(m8 / target - 1) > reach_tolerance(0.01, [m8], target)  # width 8 could never pass
+    bound = lower_bound_loss(c.data.Y_train, cfg.lam)
+    assert bound == pytest.approx(5 * 0.06**2 / 6 + 2 * 0.01 * (5.94 + 4 * 2.94), rel=1e-12)
+    assert bound < best_rescaled_loss(c.data.Y_train, cfg.lam, c.sq_norm)  # the construction only bounds above
+    m8 = bound * (1 + 3.5e-3)  # the quick preset's certified m(8)
+    tol = 0.5 * 3.5e-3
+    assert reach_tolerance(0.01, [m8], bound) == pytest.approx(tol)
+    assert reach_tolerance(0.01, [], bound) == 0.01
 
     def rows(m9):
-        losses = {4: 5 * target, 8: m8, 9: m9, 12: target + 2e-6}
+        losses = {4: 5 * bound, 8: m8, 9: m9, 12: bound * (1 + 1e-12)}
         return {
             f"w{w}": {"width": w, "trial": 0, "loss": m, "reduced_output_error": 0.0, "reduced_width": [w]}
             for w, m in losses.items()
         }
 
-    claims = {x.id: x for x in analyze(cfg, rows(target + 1e-5), None).claims}
-    tol = 0.5 * (m8 / target - 1)
+    claims = {x.id: x for x in analyze(cfg, rows(bound * (1 + 1e-9)), None).claims}
     assert claims["wide-reach-optimum"].passed and claims["wide-reach-optimum"].premise == "critical"
-    assert claims["wide-reach-optimum"].margin == pytest.approx((tol - 1e-5 / target) / tol)
-    assert claims["narrow-above-optimum"].margin == pytest.approx((m8 - target - 1e-5) / (target + 1e-5))
+    assert claims["wide-reach-optimum"].margin == pytest.approx((tol - 1e-9) / tol)
+    assert claims["narrow-above-optimum"].margin == pytest.approx((m8 - bound * (1 + 1e-9)) / (bound * (1 + 1e-9)))
+    assert claims["loss-lower-bound"].passed and claims["loss-lower-bound"].kind == "identity"
     assert {x.kind for x in claims.values() if x.id.startswith("construction")} == {"identity"}
-    claims = {x.id: x for x in analyze(cfg, rows(target + 4.4e-4), None).claims}
-    assert not claims["wide-reach-optimum"].passed  # within 1 % of m*, but not nearer than width 8
+    claims = {x.id: x for x in analyze(cfg, rows(bound * (1 + 3e-3)), None).claims}
+    assert not claims["wide-reach-optimum"].passed  # within 1 % of m_low, but not twice as near as width 8
+    claims = {x.id: x for x in analyze(cfg, rows(bound * (1 - 1e-6)), None).claims}
+    assert not claims["loss-lower-bound"].passed  # below a bound that holds for every network: a bug
