@@ -407,8 +407,59 @@ def test_bad_out_is_one_line(tmp_path):
             tiny(out)
         assert message in one_line(exc)
     if Path("/proc").exists():  # no folder can be made there, not even by root
-        with pytest.raises(FeaturelabError, match="cannot be written"):
+        with pytest.raises(FeaturelabError, match="cannot write '/proc/featurelab-run'"):
             tiny("/proc/featurelab-run")
+
+
+def test_a_run_inside_another_runs_folder_is_refused(finished, tmp_path, capsys):
+    unfinished = tmp_path / "unfinished"  # a run killed early: config.yaml and units/ only
+    (unfinished / "units" / "a").mkdir(parents=True)
+    (unfinished / "config.yaml").write_text("seed: 0\n")
+    for parent, out in [
+        (finished, finished / "units" / "new"),
+        (finished, finished / "tables" / "deeper" / "new"),
+        (unfinished, unfinished / "units" / "a" / "new"),
+    ]:
+        assert main(["run", TINY.name, "--out", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err
+            == f"featurelab: error: --out '{out}' lies inside the run folder '{parent}'; choose a folder outside it\n"
+        )
+        assert not out.exists()
+    sibling = tmp_path / "units" / "new"  # a folder called units/ next to a run is no run folder
+    assert tiny(sibling).claims[0]["passed"] is True
+
+
+def test_every_file_takes_the_umask(tmp_path):
+    for umask, file_mode, dir_mode in ((0o022, 0o644, 0o755), (0o027, 0o640, 0o750)):
+        run = tmp_path / f"run{umask:o}"
+        old = os.umask(umask)
+        try:
+            tiny(run)
+        finally:
+            os.umask(old)
+        paths = [run, *run.rglob("*")]
+        assert {p.stat().st_mode & 0o777 for p in paths if p.is_file()} == {file_mode}
+        assert {p.stat().st_mode & 0o777 for p in paths if p.is_dir()} == {dir_mode}
+
+
+def test_temporaries_of_a_killed_writer_are_removed_by_the_next_writer(tmp_path, monkeypatch):
+    run = unfinished(tmp_path, monkeypatch)
+    left = [  # what a writer killed mid-write leaves (old and new temporary names)
+        run / "units" / "a" / ".checkpoint.safetensors.k2j4_x9a.tmp",
+        run / ".results.json.0a1b2c3d.tmp",
+        run / "tables" / ".losses.csv.5f3e9a01.tmp",
+    ]
+    kept = [run / "units" / "a" / "notes.tmp", run / ".draft.tmp", run / "units" / ".a.b.toolongname.tmp"]
+    with RunLock(run):  # a live writer's temporaries are never touched by a refused one
+        for p in left + kept:
+            p.write_bytes(b"partial")
+        with pytest.raises(FeaturelabError, match="is being written by"):
+            tiny(run, resume=True)
+        assert all(p.exists() for p in left)
+    tiny(run, resume=True)
+    assert not any(p.exists() for p in left) and all(p.exists() for p in kept)
 
 
 @pytest.mark.parametrize(

@@ -1,43 +1,109 @@
 """Atomic file writes and the validating readers that go with them.
 
-Every file featurelab writes goes to a temporary name in the same folder first and is then renamed
-over the target, so an interrupted run never leaves a file that looks complete. Every reader turns an
-unreadable, truncated or garbled file into a one-line `FeaturelabError` naming the file and the fix.
-A JSON file written with ``checksum=True`` carries the sha256 of its content (`digest`), checked on
-reading, so a result edited or damaged after it was written is never used.
+Every file featurelab writes goes to a temporary name in the same folder first (created with mode
+0666 less the process umask, as `open` would) and is then renamed over the target, so an interrupted
+run never leaves a file that looks complete; the temporary file of a failed write is removed, and
+those of a killed writer are removed by the next one (`remove_temporaries`). An operating-system error
+while writing (a full disk, no permission, a read-only file system, too many open files) is a one-line
+`WriteError` naming the path, the cause and the remedy. Every reader turns an unreadable, truncated or
+garbled file into a one-line `FeaturelabError` naming the file and the fix. A JSON file written with
+``checksum=True`` carries the sha256 of its content (`digest`), checked on reading, so a result edited
+or damaged after it was written is never used.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import math
 import os
-import tempfile
+import re
+import secrets
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .errors import FeaturelabError
+from .errors import FeaturelabError, WriteError
+
+TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # `write_bytes`'s temporary names: .NAME.XXXXXXXX.tmp
+
+
+def write_error(path: str | Path, exc: OSError) -> WriteError:
+    """The one-line `WriteError` for `exc`, raised while writing `path`: the cause and its remedy."""
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    remedies = {
+        errno.ENOSPC: "free space on its file system",
+        errno.EDQUOT: "free space or raise the disk quota",
+        errno.EACCES: f"give this user write permission on '{folder}' (e.g. chmod -R u+w '{folder}')",
+        errno.EPERM: f"give this user write permission on '{folder}' (e.g. chmod -R u+w '{folder}')",
+        errno.EROFS: f"'{folder}' lies on a read-only file system: remount it read-write",
+        errno.EMFILE: "raise the limit on open files (ulimit -n)",
+        errno.ENFILE: "close other programs' files or raise the system's limit on open files",
+    }
+    remedy = remedies.get(exc.errno or 0, f"make '{folder}' writable")
+    return WriteError(str(path), exc.strerror or type(exc).__name__, remedy)
+
+
+def make_folder(folder: str | Path) -> Path:
+    """``mkdir -p folder``; an operating-system error is a one-line `WriteError`."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(folder, exc) from None
+    return folder
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
-    """Write `data` to `path` atomically (temp file in the same folder, fsync, rename)."""
+    """Write `data` to `path` atomically (temp file in the same folder, fsync, rename); on an error
+    nothing is left behind and the error is a one-line `WriteError`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    make_folder(path.parent)
+    tmp = None
     try:
+        fd, tmp = _temporary(path)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    except BaseException as exc:
+        if tmp is not None:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:  # the folder itself refuses changes: nothing more can be cleaned
+                pass
+        if isinstance(exc, OSError):
+            raise write_error(path, exc) from None
         raise
+
+
+def _temporary(path: Path) -> tuple[int, Path]:
+    """A new file ``.NAME.XXXXXXXX.tmp`` next to `path`, open for writing, mode 0666 less the umask."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def remove_temporaries(folder: str | Path) -> None:
+    """Remove the temporary files that writers killed mid-write (SIGKILL, power loss) left anywhere
+    under `folder`. Call it only as the folder's single writer (its lock held)."""
+    for root, _, names in os.walk(folder):
+        for name in names:
+            if TEMPORARY.fullmatch(name):
+                try:
+                    os.unlink(os.path.join(root, name))
+                except OSError:  # gone already, or a read-only folder: the write that follows says so
+                    pass
 
 
 def write_text(path: str | Path, text: str) -> None:

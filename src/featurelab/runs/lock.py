@@ -3,7 +3,8 @@
 `RunLock` holds an OS file lock (``fcntl.flock``) on ``<run>/.lock`` while a process writes the
 folder, and records the holder's PID and start time there. A second writer gets a one-line
 `FeaturelabError` naming them. The OS releases the lock when its holder exits, however it dies, so a
-lock file left by a dead process is simply taken over (its stale PID is overwritten).
+lock file left by a dead process is simply taken over (its stale PID is overwritten), and the temporary
+files of a writer killed mid-write are removed (`featurelab.io.remove_temporaries`).
 """
 
 from __future__ import annotations
@@ -15,27 +16,25 @@ import time
 from pathlib import Path
 
 from ..errors import FeaturelabError
+from ..io import make_folder, remove_temporaries, write_error
 
 LOCK_NAME = ".lock"
 
 
 class RunLock:
     """``with RunLock(run_dir):`` the folder is this process's until the block ends (the folder is
-    created if needed)."""
+    created if needed; a folder that cannot be written is a one-line `featurelab.errors.WriteError`)."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
+        make_folder(self.path.parent)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
-            raise FeaturelabError(
-                f"run folder '{self.path.parent}' cannot be written ({exc.strerror or type(exc).__name__}); "
-                "choose another --out"
-            ) from None
+            raise write_error(self.path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -45,9 +44,14 @@ class RunLock:
                 f"run folder '{self.path.parent}' is being written by {holder}; "
                 "wait for it to finish (then --resume) or choose another --out"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}).encode(), 0)
+        holder = {"pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        except OSError:  # a full disk: the lock holds all the same, a second writer is told "another process"
+            pass
         self._fd = fd
+        remove_temporaries(self.path.parent)
         return self
 
     def release(self) -> None:

@@ -27,7 +27,7 @@ import torch
 
 from ..claims import Claim, claim, fmt, tally
 from ..config import merge, validate
-from ..errors import FeaturelabError
+from ..errors import FeaturelabError, WriteError
 from ..experiments import get_experiment
 from ..experiments.base import AnalysisContext
 from ..figures import save_figure
@@ -139,7 +139,12 @@ def _check_arguments(out, workers, threads, resume, batch, retries) -> Path | No
 
 def check_run_folder(run: Path) -> None:
     """A one-line error unless `run` can be a run folder: a folder (or nothing yet) under a folder this
-    user may write."""
+    user may write, not inside another run's folder."""
+    for folder in run.resolve().parents:
+        if os.path.isfile(folder / "config.yaml") and (
+            os.path.isdir(folder / "units") or os.path.isfile(folder / "results.json")
+        ):
+            raise FeaturelabError(f"--out '{run}' lies inside the run folder '{folder}'; choose a folder outside it")
     if run.exists() and not run.is_dir():
         raise FeaturelabError(f"--out '{run}' is a file, not a folder; choose a folder path")
     parent = run
@@ -255,6 +260,7 @@ def run_experiment(
     check_run_folder(run)
     created = not run.exists()
     lock = RunLock(run).acquire()
+    started = False  # config.yaml written: from now on the folder holds a resumable run
     try:
         cfg_dict = cfg.model_dump(mode="json")
         stored = run / "config.yaml"
@@ -277,7 +283,7 @@ def run_experiment(
         elif any(p.name != LOCK_NAME for p in run.iterdir()):
             raise FeaturelabError(f"--out '{run}' is a non-empty folder that is not a featurelab run; choose another")
         write_yaml(stored, cfg_dict)
-        created = False
+        created, started = False, True
         sweep_args = dict(
             device=dev,
             resume=resume,
@@ -290,11 +296,15 @@ def run_experiment(
             retries=retries,
         )
         return _run(exp, cfg, run, preset, sweep_args)
+    except WriteError as exc:  # a full disk, say: nothing is half-written, the run goes on once the cause is gone
+        if started:
+            raise exc.then("continue with the same command plus --resume", exit_code=1) from None
+        raise exc.then("run the same command again") from None
     finally:
         lock.release()
         if created:  # nothing but the lock file was written: leave no folder behind
-            (run / LOCK_NAME).unlink(missing_ok=True)
             try:
+                (run / LOCK_NAME).unlink(missing_ok=True)
                 run.rmdir()
             except OSError:
                 pass

@@ -4,7 +4,8 @@ Each unit runs in ``<run>/units/<id>/`` and is finished when its ``result.json``
 atomically, last, with a sha256 checksum of its content and the config's digest, both checked when it
 is loaded). Finished units are skipped, so re-running with ``--resume`` only does what is
 left, whichever backend ran the rest. A unit that raises is recorded in ``error.txt`` and reported
-as failed; the sweep goes on.
+as failed; the sweep goes on, unless the folder cannot be written (`featurelab.errors.WriteError`: a
+full disk, say): then the sweep stops its workers and raises it.
 
 Batching: pending units of an experiment with ``build``/``finish`` whose built runs have equal
 `featurelab.training.ensemble.ensemble_key` (same shapes and phases; seeds, λ, lr, L̃, init scale
@@ -34,7 +35,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..config import ExperimentConfig
-from ..errors import FeaturelabError
+from ..errors import FeaturelabError, WriteError
 from ..experiments.base import Experiment
 from ..io import digest, read_json
 from .work import UnitOutcome, WorkItem, execute, one_line
@@ -58,8 +59,11 @@ class SweepOutcome:
 def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
     """Initializer of the local backend's worker processes: they leave Ctrl-C to the parent (which stops
     them) and exit as soon as the parent is gone, even when it was killed with SIGKILL (Linux: the
-    kernel's parent-death signal; elsewhere a thread that polls the parent's id every `interval` s)."""
+    kernel's parent-death signal; elsewhere a thread that polls the parent's id every `interval` s).
+    Their progress bars (off) take a thread lock, not tqdm's default semaphore, which a worker stopped by
+    `_stop` would leave for the resource tracker to report as leaked."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tqdm.set_lock(threading.RLock())
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -278,6 +282,8 @@ def run_units(
             for fut in tqdm(as_completed(futures), total=len(futures), desc=exp.name, disable=not show, leave=False):
                 try:
                     record(fut.result())
+                except WriteError:
+                    raise
                 except Exception as exc:  # the worker process died (BrokenProcessPool): its units failed
                     record(
                         [
@@ -285,7 +291,7 @@ def run_units(
                             for u in futures[fut].units
                         ]
                     )
-        except BaseException:  # Ctrl-C (KeyboardInterrupt) or an error here: stop the workers at once
+        except BaseException:  # Ctrl-C (KeyboardInterrupt), a WriteError or an error here: stop the workers at once
             _stop(pool)
             raise
         pool.shutdown()

@@ -2,7 +2,8 @@
 
 A `WorkItem` is one unit, or several fresh units of equal `featurelab.training.ensemble.ensemble_key`
 trained as one batched ensemble. `execute` runs it wherever it lands and writes each unit's
-``result.json`` (atomically, last); it returns one `UnitOutcome` per unit.
+``result.json`` (atomically, last); it returns one `UnitOutcome` per unit. A unit that raises is
+recorded as failed, except for a `WriteError` (the folder cannot be written): that stops the run.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ExperimentConfig
+from ..errors import WriteError
 from ..experiments.base import Experiment, UnitContext, certify, with_health
-from ..io import digest, write_json, write_text
+from ..io import digest, make_folder, write_json, write_text
 from ..runtime import set_threads
 
 
@@ -68,16 +70,17 @@ def one_line(exc: BaseException) -> str:
 
 def execute_unit(item: WorkItem, unit: dict, folder: str, resume: bool, progress: bool = False) -> UnitOutcome:
     """Run one unit of `item` in this process and write its ``result.json``; exceptions become
-    one-line errors (the traceback is kept in ``error.txt``)."""
+    one-line errors (the traceback is kept in ``error.txt``), except a `WriteError`, which is raised."""
     set_threads(item.threads)
     t0 = time.perf_counter()
-    path = Path(folder)
-    path.mkdir(parents=True, exist_ok=True)
+    path = make_folder(folder)
     try:
         result = item.experiment.execute(item.config, unit, UnitContext(path, item.device, resume, progress))
         seconds = time.perf_counter() - t0
         write_result(path, item, unit, seconds, result)
         return UnitOutcome(unit["id"], result, None, seconds)
+    except WriteError:
+        raise
     except Exception as exc:  # recorded, reported as failed, the sweep goes on
         write_text(path / "error.txt", traceback.format_exc())
         return UnitOutcome(unit["id"], None, one_line(exc), time.perf_counter() - t0)
@@ -93,9 +96,8 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
     exp, cfg = item.experiment, item.config
     assert exp.build is not None and exp.finish is not None  # only build/finish units are batched
     t0 = time.perf_counter()
-    paths = [Path(f) for f in item.folders]
-    for p in paths:
-        p.mkdir(parents=True, exist_ok=True)
+    paths = [make_folder(f) for f in item.folders]
+    why = None  # why the ensemble cannot run, written down outside the `except` block
     try:
         jobs = list(item.jobs) if item.jobs is not None else [exp.build(cfg, u) for u in item.units]
         trained = train_ensemble(
@@ -107,9 +109,13 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
             callbacks=[j.callbacks for j in jobs],
             progress=progress,
         )
+    except WriteError:
+        raise
     except Exception:  # not batchable after all: one by one, from scratch
+        why = traceback.format_exc()
+    if why is not None:
         for p in paths:
-            write_text(p / "ensemble_fallback.txt", traceback.format_exc())
+            write_text(p / "ensemble_fallback.txt", why)
         return [execute_unit(item, u, f, False, progress) for u, f in zip(item.units, item.folders)]
     seconds = time.perf_counter() - t0
     out = []
@@ -126,6 +132,8 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
             )
             write_result(path, item, unit, seconds, result, ensemble=len(item.units))
             out.append(UnitOutcome(unit["id"], result, None, seconds))
+        except WriteError:
+            raise
         except Exception as exc:
             write_text(path / "error.txt", traceback.format_exc())
             out.append(UnitOutcome(unit["id"], None, one_line(exc), seconds))
