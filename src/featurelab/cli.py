@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except FeaturelabError as exc:
         print(f"featurelab: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code  # 2; 1 for a run that cannot go on writing its folder
     except BrokenPipeError:  # the reader of the output went away (featurelab list | head -1): nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
