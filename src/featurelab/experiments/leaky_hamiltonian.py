@@ -78,7 +78,7 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = lb.make_data(ucfg)
     # leaky-bottleneck's phases, its float64 L-BFGS included (Part 1 §5.2: ρ fixed, a fixed-ρ critical point);
     # every claim here is about critical points, so every unit is certified
-    return TrainingUnit(lb.make_model(ucfg, data), data, lb.train_config(ucfg), certify=lb.CERTIFY)
+    return TrainingUnit(lb.make_model(ucfg, data), data, lb.train_config(ucfg), certify=cfg.certify)
 
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:

@@ -49,7 +49,7 @@ from ..measurements.representation_cost import (
 from ..models import MLP
 from ..runtime import float64_copy
 from .base import Analysis, Experiment, TrainingUnit
-from .bn_rank_depth import CERTIFY, mlp_unit
+from .bn_rank_depth import mlp_unit
 
 REF = "Jacot 2023 (arXiv 2305.19008) Theorem 3, Prop. 5; docs/theory/bottleneck-rank.md §2.5, §4c"
 LINEAR_TASKS = ("id-cp", "linear", "sum-f", "sum-g", "comp-g", "comp-f")  # exact cost known (CP linear maps)
@@ -76,6 +76,9 @@ class Config(ExperimentConfig):
     cost_rtol: float = Field(0.02, gt=0, le=1)
     r1_atol: float = Field(0.1, gt=0)
     slope_tolerance: float = Field(0.15, gt=0)
+    certify: PositiveFloat | None = Field(
+        1e-6, description="stationarity tolerance of each unit's critical-point certificate (None: no polish)"
+    )
     jacobian_rtol: float = Field(1e-3, gt=0, lt=1)
     log_every: int = Field(500, ge=1)
     checkpoint_every: int = Field(0, ge=0)
@@ -98,6 +101,7 @@ PRESETS = {
         "seeds": [0],
         "steps": 200,
         "fit_threshold": 1.0,
+        "certify": None,  # a smoke test: the polish stalls near 0.1 on these nets and would cost 2 min per unit
     },
     "paper": {
         "d": 10,
@@ -151,7 +155,7 @@ def units(cfg: Config) -> list[dict]:
 
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     data = make_data(cfg, unit["task"])
-    return mlp_unit(cfg, data, unit["depth"], unit["init_seed"], cfg.lam, top_singular_values=3, certify=CERTIFY)
+    return mlp_unit(cfg, data, unit["depth"], unit["init_seed"], cfg.lam, top_singular_values=3, certify=cfg.certify)
 
 
 def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
