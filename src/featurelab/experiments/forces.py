@@ -6,7 +6,10 @@ GD); the forces F^att = -λ∇a_l and F^rep = -λ∇r_l are computed in float64 
 in the top-2 uncentered principal directions, per datapoint (coloured by class) and per neuron.
 Measured: class separation in layer 2 (nearest-class-mean accuracy of Z_2) and the share of alive neurons
 whose nearest cosine neighbour is >= 0.99; "neurons form rays" (the paper) is claimed as a majority, share >= 0.5
-in every hidden layer (at initialization it is 0).
+in every hidden layer (at initialization it is 0). The paper explains the rays by the stability of neurons at a
+critical point, so the ray claims have premise "critical": the unit is polished in float64 to stationarity
+<= `CERTIFY` and the claims are "not measured" where it does not get there (docs/sparsity.md: at the quick
+preset ReLU inputs sit at their kink, a non-smooth minimum).
 quick: digits, width 64, λ = 1e-2, Adam 3000 + GD 2000 (ours). paper: MNIST, width 200, GD only (Appendix A).
 The paper does not give λ; rays form more with larger λ (docs/sparsity.md: at λ = 1e-3 the net stops with
 shares 0.06 and 0.44).
