@@ -45,7 +45,8 @@ from ..runtime import float64_copy
 from .objectives import data_cost
 
 METHOD = "trust-region Newton-CG (Steihaug), float64"
-STALL_FACTOR, STALL_ITERATIONS = 0.9, 100  # stalled: the best stationarity fell by < 10 % in 100 iterations
+# stalled: in 100 iterations neither the best stationarity fell by 10 % nor the loss by 1e-6 of itself
+STALL_FACTOR, STALL_ITERATIONS, STALL_LOSS = 0.9, 100, 1e-6
 ROUNDING = 1e-10  # below this relative change of the loss its float64 difference is too noisy to judge a step
 
 
@@ -399,8 +400,9 @@ def polish(
     Hessian-vector products (double backward) by truncated CG to the forcing tolerance
     ``min(0.5, √stationarity)·‖∇𝓛‖`` (superlinear convergence near a non-degenerate minimum), accepted when
     the loss falls by more than 1e-4 of the model's prediction. Stops after `max_iterations` steps,
-    `max_seconds`, when the trust region has shrunk below float64 resolution of θ, or when it has stalled (the
-    best stationarity fell by less than 10 % in 100 iterations: near a minimiser at ReLU kinks, `relu_kinks`)."""
+    `max_seconds`, when the trust region has shrunk below float64 resolution of θ, or when it has stalled (in 100
+    iterations neither the best stationarity fell by 10 % nor the loss by 1e-6 of itself: near a minimiser at
+    ReLU kinks, `relu_kinks`)."""
     positive("tolerance", tolerance)
     positive("max_seconds", max_seconds)
     if not isinstance(max_iterations, int) or max_iterations < 0:
@@ -411,12 +413,18 @@ def polish(
     loss, g, gr, cost = problem.evaluate(theta)
     loss_before = loss
     radius = 1e-3 * max(float(theta.norm()), 1.0)
-    hess, iterations, best, since_best = None, 0, math.inf, 0
+    hess, iterations, best, window, loss_ref = None, 0, math.inf, 0, loss
     while iterations < max_iterations and time.perf_counter() - t0 < max_seconds:
         s = _ratio(g, gr, theta, cost, lam)
-        best, since_best = (s, 0) if s < STALL_FACTOR * best else (best, since_best + 1)
-        if s <= tolerance or radius < 1e-15 * float(theta.norm()) or since_best > STALL_ITERATIONS:
+        if s < STALL_FACTOR * best:
+            best, window, loss_ref = s, 0, loss
+        elif window == STALL_ITERATIONS:  # a window without progress in stationarity: did the loss move?
+            if loss_ref - loss < STALL_LOSS * abs(loss):
+                break
+            window, loss_ref = 0, loss
+        if s <= tolerance or radius < 1e-15 * float(theta.norm()):
             break
+        window += 1
         iterations += 1
         hess = problem.hessian_at(theta)
         step, predicted, on_boundary = _steihaug(
