@@ -228,8 +228,6 @@ def load_inputs(data: str, n: int | None = 1000, shape: tuple[int, ...] | None =
     return X, Y
 
 
-
-
 def check_out(out: str | Path, force: bool = False) -> Path:
     """The output folder of an analysis, checked before anything is computed: not a file, and not holding a previous
     analysis (``report.html`` or ``summary.json``) unless `force`."""
