@@ -104,7 +104,7 @@ PRESETS = {
         "lr": 1e-2,
         "log_every": 500,
         "checkpoint_every": 0,
-        "certify": None,  # a smoke test: the polish stalls near 0.1 on these nets and would cost 2 min per unit
+        "certify": None,  # a smoke test: its nets stop far from a critical point (stationarity ~0.1), no polish
     },
     "paper": {
         "d": 20,

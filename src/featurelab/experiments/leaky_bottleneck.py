@@ -100,7 +100,7 @@ PRESETS = {
         "adam_steps": 300,
         "log_every": 50,
         "checkpoint_every": 100,
-        "certify": None,  # a smoke test: the polish stalls near 0.1 on these nets and would cost 2 min per unit
+        "certify": None,  # a smoke test: its nets stop far from a critical point (stationarity ~0.1), no polish
     },
     "paper": {
         "teacher_dims": [20, 5, 20],

@@ -101,7 +101,7 @@ PRESETS = {
         "seeds": [0],
         "steps": 200,
         "fit_threshold": 1.0,
-        "certify": None,  # a smoke test: the polish stalls near 0.1 on these nets and would cost 2 min per unit
+        "certify": None,  # a smoke test: its nets stop far from a critical point (stationarity ~0.1), no polish
     },
     "paper": {
         "d": 10,
