@@ -163,3 +163,31 @@ def test_clarke_stationarity_chooses_the_kink_slope(lam):
     assert cert.stationarity == pytest.approx(1.0, rel=1e-12) and cert.detail["relu_kinks"] == 1
     # min_s |2λ − 2s| / 2λ: 0 when λ <= 1 (s = λ), else 1 − 1/λ (s = 1)
     assert cert.detail["clarke_stationarity"] == pytest.approx(max(0.0, 1 - 1 / lam), abs=1e-9)
+
+
+def test_a_unit_with_certify_is_polished_before_finish(tmp_path):
+    from featurelab.config import ExperimentConfig
+    from featurelab.experiments.base import Experiment, TrainingUnit, UnitContext
+    from featurelab.training import Phase, TrainConfig
+
+    data, lam = ridge_data(3), 0.05
+    seen = {}
+
+    def build(cfg, unit):
+        config = TrainConfig(lam=lam, phases=[Phase(optimizer="sgd", steps=5, lr=0.05)], log_every=5)
+        return TrainingUnit(Linear(5, 3), data, config, certify=1e-9)
+
+    def finish(cfg, unit, model, result, ctx):
+        seen["model"] = model
+        return {"W": model.W.detach().clone()}
+
+    exp = Experiment(
+        "t", "", "", ExperimentConfig, {}, lambda cfg: [{"id": "a"}], lambda *a: None, build=build, finish=finish
+    )
+    result = exp.execute(ExperimentConfig(), {"id": "a"}, UnitContext(tmp_path))
+    cert = result["certificate"]
+    assert cert["certified"] and cert["stationarity"] <= 1e-9 and cert["loss_after"] < cert["loss_before"]
+    X, Y = data.X_train.numpy(), data.Y_train.numpy()
+    W_star = np.linalg.solve(X.T @ X / 40 + lam * np.eye(5), X.T @ Y / 40).T
+    np.testing.assert_allclose(result["W"].numpy(), W_star, atol=1e-9)  # finish saw the polished model
+    assert seen["model"].W.dtype == torch.float64
