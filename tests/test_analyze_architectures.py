@@ -327,3 +327,19 @@ def test_representation_selector_errors(images):
         fl.analyze(ViT(), representations=["blocks.0"])
     res = fl.analyze(ViT(), images, representations=[nn.GELU])
     assert list(res.representations["name"]) == ["input", "blocks.0.mlp.1", "blocks.1.mlp.1", "output"]
+
+
+def test_torch_transformer_encoder():
+    """nn.TransformerEncoder: its self-attention split per layer, its layers the default representations."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    model = nn.Sequential(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), nn.Flatten(), nn.Linear(40, 3))
+    X = torch.randn(30, 5, 8)
+    res = fl.analyze(model, X)
+    assert list(res.representations["name"]) == ["input", "0.layers.0", "0.layers.1", "output"]
+    names = list(res.layers["name"])
+    assert names[:4] == [f"0.layers.0.self_attn.{p}" for p in ("q", "k", "v", "out_proj")] and names[-1] == "2"
+    attn = model[0].layers[1].self_attn
+    W = attn.in_proj_weight.detach().double().numpy()
+    check(res.layers.set_index("name").loc["0.layers.1.self_attn.v"], W[16:])
+    assert len(res.attention) == 4

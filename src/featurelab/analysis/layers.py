@@ -137,7 +137,10 @@ class LayerModel:
 def _tracer(leaves: set[nn.Module]) -> fx.Tracer:
     class Tracer(fx.Tracer):
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            return m in leaves or is_attention(m) or isinstance(m, NORMS) or super().is_leaf_module(m, qualname)
+            if m in leaves or is_attention(m) or isinstance(m, NORMS):
+                return True
+            # torch.nn modules with submodules (nn.TransformerEncoderLayer, ...) are traced through when they can be
+            return super().is_leaf_module(m, qualname) and not list(m.children())
 
     return Tracer()
 

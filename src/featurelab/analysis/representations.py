@@ -2,9 +2,10 @@
 
 Selection (``representations=``): module names, glob patterns on the dotted names (``"blocks.*"``,
 ``"*.mlp.act"``) or ``nn.Module`` types. Default: the outputs of the repeated blocks when the model has
-them (children of one container sharing one non-torch.nn class, e.g. a ViT's ``blocks.0..11`` or a ResNet's
-``layerK.j``): the residual stream; otherwise every activation module (torch.nn activations) and every
-other non-container module that is not a torch.nn module (a "block"). Input and output rows are always there.
+them (children of one container sharing one class that is not a torch.nn leaf: a ViT's ``blocks.0..11``,
+a ResNet's ``layerK.j``, an ``nn.TransformerEncoder``'s layers): the residual stream; otherwise every
+activation module (torch.nn activations, not attention) and every other non-container module that is not
+a torch.nn module (a "block"). Input and output rows are always there.
 
 Each row is the spectrum of the centred ``(A − mean)/√N``, A flattened per sample to ``N x units``
 (`spectra.singular_values`, the Gram route for wide or tall ones), and COI_γ of the activation's input
@@ -34,7 +35,8 @@ def _is_torch(m: nn.Module) -> bool:
 
 
 def blocks(net: nn.Module) -> list[str]:
-    """Names of the repeated blocks: children of a container holding >= 2 children of one non-torch.nn class."""
+    """Names of the repeated blocks: children of a container holding >= 2 children of one class that is not a
+    torch.nn leaf (a custom block, or a composite such as ``nn.TransformerEncoderLayer``)."""
     out = []
     for name, m in net.named_modules():
         if not isinstance(m, CONTAINERS):
@@ -42,7 +44,7 @@ def blocks(net: nn.Module) -> list[str]:
         kids = list(m.named_children())
         kinds = [type(c) for _, c in kids]
         for child_name, c in kids:
-            if not _is_torch(c) and kinds.count(type(c)) >= 2:
+            if (not _is_torch(c) or list(c.children())) and kinds.count(type(c)) >= 2:
                 out.append(f"{name}.{child_name}" if name else child_name)
     return out
 
@@ -54,7 +56,9 @@ def _default(net: nn.Module) -> tuple[set[str], str]:
     picked = {
         n
         for n, m in net.named_modules()
-        if n and not isinstance(m, CONTAINERS) and (type(m).__module__ == ACTIVATIONS or not _is_torch(m))
+        if n
+        and not isinstance(m, CONTAINERS + (nn.MultiheadAttention,))
+        and (type(m).__module__ == ACTIVATIONS or not _is_torch(m))
     }
     return picked, "activations and custom modules"
 
