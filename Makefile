@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 FL     := $(VENV)/bin/featurelab
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow test-gpu lint format bench clean wheel-check
+.PHONY: install demo test test-slow test-gpu gpu-check lint format bench clean wheel-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,17 @@ test-gpu:
 	missing = [m for m in '$(GPU_NEEDS)'.split() if u.find_spec(m) is None]; \
 	sys.exit('make test-gpu: ' + ', '.join(missing) + ' cannot be imported by $(PYTHON): install them, or put a folder that holds them on PYTHONPATH' if missing else 0)"
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest -q -m cuda
+
+# make gpu-check [DEVICE=cuda] [BUDGET=minutes] [TABLE=gpu-check.md]: the CUDA tests, featurelab bench and as many
+# paper presets as fit the budget, each step under a timeout that fits a 10-minute command, into one markdown
+# table (featurelab/gpucheck.py). On CUDA it runs like test-gpu (the machine's python3, PYTHONPATH=src); DEVICE=cpu
+# is a dry run of the same steps at CPU sizes, with the venv.
+DEVICE ?= cuda
+BUDGET ?= 30
+TABLE  ?= gpu-check.md
+gpu-check: $(if $(filter cpu,$(DEVICE)),$(STAMP))
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(if $(filter cpu,$(DEVICE)),$(PY),$(PYTHON)) -m featurelab.gpucheck \
+	  --device $(DEVICE) --budget $(BUDGET) --out $(TABLE)
 
 # The wheel works outside the checkout: built from the tree, installed into a fresh venv that borrows .venv's
 # dependencies (a .pth line: nothing is downloaded, and .venv's editable featurelab is not seen), it runs a tiny

@@ -6,7 +6,8 @@ differently ordered sums: ``rtol = 1e-8`` (a singular value or a solve amplifies
 condition numbers of these small, well-conditioned inputs). Experiments run their smallest preset trained
 in float64 (``dtype=float64`` wherever an experiment offers float32; the others train in float64 already):
 the GPU's reductions sum in another order than the CPU's, and training amplifies that rounding
-difference, so their headline numbers (wall-clock fields excluded) are compared at ``rtol = 1e-6`` and
+difference, so their headline numbers (wall-clock fields excluded) are compared at ``rtol = 1e-6`` (looser
+where a one-ulp change of the initial weights is measured to move them more: `EXPERIMENT_RTOL_CHAOTIC`) and
 their claims' verdicts must be equal. In float32 the same runs differ by about 1 % after training, enough
 to flip a claim that sits at its threshold, which is why the comparison is made in float64.
 """
@@ -36,6 +37,12 @@ def on_cuda(test):
 
 MEASURE_RTOL = 1e-8
 EXPERIMENT_RTOL = 1e-6
+# Experiments whose training amplifies rounding beyond that, measured on the CPU alone: bn-rank-depth's tiny
+# preset (1500 Adam steps at lr 1e-2 of L = 4, 6, 8 nets, float64) started from initial weights moved by one
+# ulp on a random half of their entries ends with its summary moved by up to 2.9e-3 (relative; the loss by
+# 1.5e-5, the largest weight change 2.9e-3 of the largest weight at L = 6), its verdicts unchanged. A
+# CPU-against-CUDA difference of that order is rounding, not a device bug; an H100 gave 1.9e-5.
+EXPERIMENT_RTOL_CHAOTIC = {"bn-rank-depth": 1e-2}
 D = torch.float64
 NEEDS_LOCAL_FILES = {"saddle-mnist"}  # MNIST is read from disk, never downloaded
 
@@ -362,7 +369,8 @@ def test_smallest_preset_on_cuda_equals_cpu(name, tmp_path):
     verdicts = {dev: {c["id"] or c["statement"]: c["passed"] for c in r.claims} for dev, r in runs.items()}
     assert verdicts["cuda"] == verdicts["cpu"], name
     summaries = _without_timings(cpu.summary), _without_timings(gpu.summary)
-    assert_same(*summaries, EXPERIMENT_RTOL, f"{name} --preset {preset}: summary")
+    rtol = EXPERIMENT_RTOL_CHAOTIC.get(name, EXPERIMENT_RTOL)
+    assert_same(*summaries, rtol, f"{name} --preset {preset}: summary")
     assert math.isfinite(sum(float(np.nansum(a)) for a in _numbers(summaries[1])))
 
 

@@ -335,12 +335,12 @@ def bench_diagnostics(device: torch.device, step_seconds: float | None = None) -
     return {**out, "target": f"<= {TARGETS['d']:g} steps", "reached": seconds / step_seconds <= TARGETS["d"]}
 
 
-def bench_presets(names: list[str], device: str, preset: str = "quick", echo=print) -> dict:
+def bench_presets(names: list[str], device: str, preset: str = "quick", echo=print, figure: str = "e") -> dict:
     """(e) / (f): wall seconds of each experiment's `preset` (run into a temporary folder) and its claims;
     each is echoed as it finishes."""
     from .runs.runner import run_experiment
 
-    figure, budget = ("e", TARGETS["e"]) if preset == "quick" else ("f", TARGETS["f"])
+    budget = TARGETS[figure]
     out = {}
     with tempfile.TemporaryDirectory(prefix="featurelab-bench-") as tmp:
         for name in names:
@@ -415,7 +415,7 @@ def bench_analyze(n: int = 1000) -> dict:
     return out
 
 
-def _rows(results: dict) -> list[tuple[str, str, str, str, str]]:
+def table_rows(results: dict) -> list[tuple[str, str, str, str, str]]:
     rows = []
     if "a" in results:
         r = results["a"]
@@ -504,7 +504,7 @@ def _rows(results: dict) -> list[tuple[str, str, str, str, str]]:
         )
     for figure, error in results.get("errors", {}).items():
         rows.append((f"({figure})", f"failed: {error}", "", "", "False"))
-    for figure, preset in (("e", "quick"), ("f", "paper")):
+    for figure, preset in (("e", results.get("e_preset", "quick")), ("f", "paper")):
         for name, r in results.get(figure, {}).items():
             rows.append(
                 (
@@ -525,10 +525,12 @@ def run_bench(
     device: str = "cpu",
     paper: bool = False,
     echo=print,
+    e_preset: str = "quick",
 ) -> dict:
     """Measure the figures in `only` (default all of a-f), print a table, write JSON to `out`; returns it.
 
     experiments: the experiments whose quick presets (e) times (default: every registered one).
+    e_preset: the preset (e) runs (quick; tiny for a dry run of the plumbing).
     paper: also (f), the paper presets of those experiments that need no local files.
     """
     from .experiments import REGISTRY, get_experiment
@@ -542,6 +544,8 @@ def run_bench(
         get_experiment(name)  # a one-line error for an unknown name, before anything runs
     dev = resolve_device(device)
     results: dict = {"device": str(dev), "threads": torch.get_num_threads(), "versions": versions()}
+    if e_preset != "quick":
+        results["e_preset"] = e_preset
     figures = {
         "a": lambda: bench_step(dev),
         "a2": lambda: bench_paper_ensemble(dev),
@@ -549,10 +553,11 @@ def run_bench(
         "c": bench_escape,
         "d": lambda: bench_diagnostics(dev, results.get("a", {}).get("step_seconds")),
         "g": bench_analyze,
-        "e": lambda: bench_presets(names, str(dev), "quick", echo),
+        "e": lambda: bench_presets(names, str(dev), e_preset, echo),
     }
     if paper:
-        figures["f"] = lambda: bench_presets([n for n in names if n not in NEEDS_LOCAL_FILES], str(dev), "paper", echo)
+        paper_names = [n for n in names if n not in NEEDS_LOCAL_FILES]
+        figures["f"] = lambda: bench_presets(paper_names, str(dev), "paper", echo, figure="f")
     for figure, measure in figures.items():
         if figure not in only and figure != "f":
             continue
@@ -564,7 +569,7 @@ def run_bench(
         else:
             echo(f"({figure}) {json.dumps(results[figure], default=str)}")
         write_json(out, results)
-    rows = [("figure", "measured", "baseline (same run)", "target", "reached")] + _rows(results)
+    rows = [("figure", "measured", "baseline (same run)", "target", "reached")] + table_rows(results)
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     echo(f"featurelab bench on {results['device']}, {results['threads']} torch threads")
     for r in rows:

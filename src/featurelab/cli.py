@@ -133,6 +133,7 @@ def _cmd_bench(args) -> int:
         out=args.out,
         device=args.device,
         paper=args.paper,
+        e_preset=args.e_preset,
     )
     return 0
 
@@ -267,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--only", default=None, help="comma-separated figures among a,a2,b,c,d,e,g (default all)")
     b.add_argument("--paper", action="store_true", help="also (f): wall time and claims of every paper preset")
     b.add_argument("--experiments", default=None, help="comma-separated experiments for (e) (default all)")
+    b.add_argument("--e-preset", default="quick", help="the preset (e) runs (default quick; tiny: a dry run)")
     b.add_argument("--out", default="bench.json", help="JSON file for the results (default bench.json)")
     b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     b.add_argument("--threads", type=int, default=1, help="torch threads for (a)-(d) (default 1, as sweep workers)")
