@@ -15,7 +15,9 @@ phases, say); `ensemble_key` returns None for runs that start with one, since no
 
 Every member gets `train`'s run record in its own folder (``history.csv``, ``model.safetensors``
 and a ``checkpoint.safetensors`` in `train`'s format, optimizer state included), so a member can be
-resumed one-by-one by `train(..., resume=True)`. docs/theory/conventions.md (training conventions).
+resumed one-by-one by `train(..., resume=True)` (to rounding), and the members together by
+``train_ensemble(..., resume=True)`` (bit-identical to the uninterrupted run).
+docs/theory/conventions.md (training conventions).
 """
 
 from __future__ import annotations
