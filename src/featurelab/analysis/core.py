@@ -41,7 +41,7 @@ from ..models.leaky_resnet import LeakyResNet
 from ..models.mlp import MLP
 from .attention import head_rows
 from .layers import Layer, input_side, layer_model
-from .loaders import WeightsChain
+from .loaders import WeightsChain, WeightsFile
 from .report import ModelAnalysis
 from .representations import capture, row, select
 from .spectra import singular_values, weightwatcher_columns, weightwatcher_eigenvalues
@@ -298,7 +298,13 @@ def analyze(
     if not lm.layers:
         raise FeaturelabError(f"model {type(model).__name__} has no weight matrix (no Linear, Conv or 2-D parameter)")
     summary["layer_order"] = lm.order
-    notes += lm.notes
+    if isinstance(net, WeightsFile):
+        notes.append(
+            "weights file: layers in the natural order of their names; a file stores no forward, so there are no "
+            "pairs and no BatchNorm folding (a plain Linear chain is read as one)"
+        )
+    else:
+        notes += lm.notes
     if isinstance(net, WeightsChain):
         notes.append("weights file read as a Linear chain with a ReLU between layers (the file stores no activation)")
     layers, spectra, balance = _layer_rows(lm, top, effective_rtol, rtol, weightwatcher)

@@ -85,6 +85,10 @@ class WeightsChain(nn.Sequential):
     """A Linear chain read from a weights file, with a ReLU assumed between layers (the file stores none)."""
 
 
+class WeightsFile(nn.Module):
+    """The tensors of a weights file that do not form a plain chain: modules without a forward."""
+
+
 def weights_module(path: str | Path) -> nn.Module:
     """The tensors of a safetensors file as modules for a weights-only `analyze`, with their dotted names.
 
@@ -104,7 +108,7 @@ def weights_module(path: str | Path) -> nn.Module:
     used = {f"{p}.{s}" for p in mods for s in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
     rest = [k for k in keys if k not in used and tensors[k].ndim >= 2]
     chain = not rest and _chain(list(mods), mods)
-    root: nn.Module = WeightsChain() if chain else nn.Module()
+    root: nn.Module = WeightsChain() if chain else WeightsFile()
     for key in sorted(list(mods) + rest, key=_natural):
         *parents, leaf = key.split(".")
         node = root
