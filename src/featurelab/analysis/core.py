@@ -155,11 +155,11 @@ def _layer_rows(lm, top, effective_rtol, rtol, weightwatcher):
             "bias_sq": float((layer.bias**2).sum()) if layer.bias is not None else 0.0,
         }
         r |= spectrum_ranks(s, effective_rtol=effective_rtol, numerical_rtol=rtol)
-        r |= {"next": "", "balance_mean": np.nan, "balance_residual": np.nan, "alignment": np.nan}
+        r |= {"next": "", "via": "", "balance_mean": np.nan, "balance_residual": np.nan, "alignment": np.nan}
         nxt = by_name[pair.b] if pair else None
         side = input_side(layer, nxt) if nxt is not None else None
         if pair and side is not None and u1 is not None:
-            r["next"] = nxt.name
+            r["next"], r["via"] = nxt.name, pair.through
             r["alignment"] = float((u1 @ _top_left(side.T)).abs())
             if pair.homogeneous:
                 incoming = (layer.matrix**2).sum(1) + (layer.bias**2 if layer.bias is not None else 0.0)

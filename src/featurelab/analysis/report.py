@@ -22,7 +22,7 @@ class ModelAnalysis:
         conv, grouped conv, attention q/k/v/out, embedding, token, parameter), shape (as stored), matrix (rows
         x cols of the operator read), groups, folded (the BatchNorm folded in), sv1..svK, frobenius_sq,
         bias_sq, stable_rank, nuclear_rank, effective_rank, entropy_rank, numerical_rank, count_rebalanced
-        (#{s_i > threshold} after rebalancing, leaky-ReLU chains only), next (the paired layer),
+        (#{s_i > threshold} after rebalancing, leaky-ReLU chains only), next (the paired layer), via (the maps between),
         balance_mean / balance_residual (this layer's units: mean of in − out and max |in − out|/(in + out)),
         alignment (with the next layer), and WeightWatcher's columns ww_norm, ww_spectral_norm,
         ww_stable_rank, ww_alpha, ww_alpha_weighted (docs/analyze.md maps them).
