@@ -2,8 +2,9 @@
 
 Order and data flow come from a ``torch.fx`` trace of the model. Modules whose own forward cannot be traced
 symbolically (data-dependent control flow, ``B, N, C = x.shape``) are kept whole as leaves, so a model
-traces as long as its top-level forward does. When even that fails, the order is the forward call order
-seen by hooks (with data) or the registration order, and pairs are read inside ``nn.Sequential`` only.
+traces as long as its top-level forward does (inside a module kept whole, pairs are read within its
+``nn.Sequential`` children). When even the top level fails, the order is the forward call order seen by
+hooks (with data) or the registration order, and pairs are read inside ``nn.Sequential`` only.
 
 Weight layers (rows, with a `kind`): ``nn.Linear`` ("linear"); ``nn.Conv1d``/``nn.Conv2d`` as the
 ``out x (in·k...)`` unfolding of the kernel ("conv"); a grouped conv (groups G > 1, depthwise when
@@ -332,6 +333,8 @@ def layer_model(net: nn.Module, calls: list[str] | None = None) -> LayerModel:
     notes = []
     if graph is not None:
         links, order = _fx_links(graph, modules), "torch.fx"
+        # inside a module kept whole, nn.Sequential still fixes the data flow between its children
+        links |= {a: v for a, v in _sequential_links(net).items() if a not in links}
         position: dict[str, int] = {}
         for i, node in enumerate(graph.nodes):
             if node.op in ("call_module", "get_attr"):
