@@ -343,3 +343,24 @@ def test_torch_transformer_encoder():
     W = attn.in_proj_weight.detach().double().numpy()
     check(res.layers.set_index("name").loc["0.layers.1.self_attn.v"], W[16:])
     assert len(res.attention) == 4
+
+
+def test_untraceable_block_keeps_its_sequential_pairs():
+    """A block whose forward unpacks x.shape cannot be traced symbolically: it is kept whole, the model still
+    traces, and the block's nn.Sequential MLP keeps its pair."""
+
+    class Untraceable(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 6))
+
+        def forward(self, x):
+            B, T, E = x.shape
+            return x + self.mlp(x.reshape(B * T, E)).reshape(B, T, E)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Untraceable(), Untraceable(), nn.Flatten(), nn.Linear(24, 2))
+    res = fl.analyze(model, torch.randn(20, 4, 6))
+    layers = res.layers.set_index("name")
+    assert res.summary["layer_order"] == "torch.fx" and layers.loc["1.mlp.0", "next"] == "1.mlp.2"
+    assert layers.loc["1.mlp.2", "next"] == "" and list(res.representations["name"]) == ["input", "0", "1", "output"]
