@@ -251,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.set_defaults(func=_cmd_run)
     rp = _command(
-        sub, "reproduce", "every experiment that needs no local files, under seeds and float64: index.html, index.json"
+        sub,
+        "reproduce",
+        "every experiment that needs no local files, under seeds and float64: index.html, index.json",
+        before=_experiments_text(),
     )
     rp.add_argument("--preset", default="quick", help="preset of every experiment (default quick)")
     rp.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2); float64 runs seed 1st")
@@ -264,7 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--quiet", action="store_true", help="no progress bars")
     rp.add_argument("--no-batch", action="store_true", help="train same-shape runs one by one, not as ensembles")
     rp.set_defaults(func=_cmd_reproduce, backend="local", address=None, retries=2)
-    b = _command(sub, "bench", "measure speed: matmul peak, batched ensembles, diagnostics, quick presets")
+    b = _command(
+        sub,
+        "bench",
+        "measure speed: matmul peak, batched ensembles, diagnostics, quick presets",
+        before=_experiments_text(),
+    )
     b.add_argument("--only", default=None, help="comma-separated figures among a,a2,b,c,d,e,g (default all)")
     b.add_argument("--paper", action="store_true", help="also (f): wall time and claims of every paper preset")
     b.add_argument("--experiments", default=None, help="comma-separated experiments for (e) (default all)")
