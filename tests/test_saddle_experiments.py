@@ -158,7 +158,19 @@ def test_escape_circle_claims_state_what_example1_states():
     assert claims["narrow-failure"].passed and claims["narrow-failure"].margin == pytest.approx(1.0)  # 0 of 2
     assert claims["optima-rank-two"].margin == pytest.approx((0.8 - 0.5) / 0.5)
     assert claims["wide-success"].margin == pytest.approx((1.0 - 0.8) / 0.8)
-    assert claims["success-monotone"].margin == pytest.approx(0.5)  # 0 -> 0.5 -> 1
+    # 0/2 -> 1/2 -> 2/2: each step rises by 0.5; two standard errors at the pooled rate 1/4 (or 3/4) are
+    # 2·sqrt(3/16 · (1/2 + 1/2)) = √3/2, so the margin is (√3/2 + 0.5)/(√3/2)
+    assert claims["success-monotone"].margin == pytest.approx(1 + 1 / math.sqrt(3))
+    results["pgd-w64"]["speeds"] = [0.41, 0.41]  # 1/2 -> 0/2: a drop of 0.5 < √3/2, within sampling noise
+    table = sweep_table(cfg, sorted(((r, int(u[5:])) for u, r in results.items()), key=lambda t: t[1]))
+    assert {x.id: x for x in search_claims(cfg, results, table)}["success-monotone"].passed
+    results["pgd-w8"] |= pgd([0.5] * 4, [1.0] * 4)
+    results["pgd-w64"] |= pgd([0.41] * 4, [0.1] * 4)  # 4/4 -> 0/4: the drop 1 > 2·sqrt(1/4 · (1/4 + 1/4))
+    table = sweep_table(cfg, sorted(((r, int(u[5:])) for u, r in results.items()), key=lambda t: t[1]))
+    monotone = {x.id: x for x in search_claims(cfg, results, table)}["success-monotone"]
+    assert not monotone.passed and monotone.margin == pytest.approx((math.sqrt(0.5) - 1) / math.sqrt(0.5))
+    results["pgd-w8"] |= pgd([0.5004, 0.41], [0.9, 0.2])
+    results["pgd-w64"] |= pgd([0.5004, 0.5000015], [0.8, 1.0])
     results["pgd-w64"]["speeds"] = [0.5006, 0.5000015]  # above 1/2 + 1e-6: reported, not a failure
     claims = {x.id: x for x in search_claims(cfg, results, table)}
     assert claims["best-speed-half"].passed
