@@ -276,7 +276,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                     "<=",
                     id="wide-reach-optimum",
                     premise="critical",
-                )
+                ).rests_on(wide["id"])  # m(w) is a min over trials: the minimisers, not the trials beside them
             )
         if len(narrow) and len(wide):
             low, high = float(narrow["loss"].min()), float(wide["loss"].max())
@@ -291,7 +291,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                     id="narrow-above-optimum",
                     margin=margin(low, high, ">="),
                     premise="critical",
-                )
+                ).rests_on(best["id"])
             )
         worst = float(rows["reduced_output_error"].max())
         claims.append(
