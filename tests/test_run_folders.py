@@ -129,6 +129,16 @@ def test_second_writer_from_the_command_line_gets_one_line(tmp_path):
     assert f"is being written by process {os.getpid()}" in proc.stderr
 
 
+def test_report_of_a_folder_being_written_says_what_report_can_do(finished, tmp_path, capsys):
+    run = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(finished), str(run)], check=True)
+    with RunLock(run):
+        assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"featurelab: error: run folder '{run}' is being written by process {os.getpid()} (")
+    assert err.endswith("); wait for it to finish, then try again\n") and err.count("\n") == 1
+
+
 def test_lock_of_a_dead_process_is_taken_over(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -23,10 +23,12 @@ LOCK_NAME = ".lock"
 
 class RunLock:
     """``with RunLock(run_dir):`` the folder is this process's until the block ends (the folder is
-    created if needed; a folder that cannot be written is a one-line `featurelab.errors.WriteError`)."""
+    created if needed; a folder that cannot be written is a one-line `featurelab.errors.WriteError`).
+    `wait` is what a second writer is told to do."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, wait: str = "wait for it to finish, then try again"):
         self.path = Path(run_dir) / LOCK_NAME
+        self.wait = wait
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
@@ -41,8 +43,7 @@ class RunLock:
             holder = _holder(fd)
             os.close(fd)
             raise FeaturelabError(
-                f"run folder '{self.path.parent}' is being written by {holder}; "
-                "wait for it to finish (then --resume) or choose another --out"
+                f"run folder '{self.path.parent}' is being written by {holder}; {self.wait}"
             ) from None
         holder = {"pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         try:

@@ -259,7 +259,7 @@ def run_experiment(
     run = run if run is not None else Path("runs") / f"{name}-{preset}"
     check_run_folder(run)
     created = not run.exists()
-    lock = RunLock(run).acquire()
+    lock = RunLock(run, wait="wait for it to finish (then --resume) or choose another --out").acquire()
     started = False  # config.yaml written: from now on the folder holds a resumable run
     try:
         cfg_dict = cfg.model_dump(mode="json")
