@@ -34,7 +34,7 @@ TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # `write_bytes`'s temporary 
 def write_error(path: str | Path, exc: OSError) -> WriteError:
     """The one-line `WriteError` for `exc`, raised while writing `path`: the cause and its remedy."""
     folder = Path(path).parent
-    while not folder.exists() and folder != folder.parent:
+    while not os.path.exists(folder) and folder != folder.parent:  # never raises, unlike Path.exists
         folder = folder.parent
     remedies = {
         errno.ENOSPC: "free space on its file system",
