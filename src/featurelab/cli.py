@@ -116,7 +116,7 @@ def _cmd_reproduce(args) -> int:
         print(f"tables of '{args.markdown}' regenerated from '{out / 'index.json'}'")
         return 0
     only = args.only.split(",") if args.only else None
-    index = reproduce(args.preset, _seed_list(args.seeds), out, only=only, **_run_kwargs(args))
+    index = reproduce(args.preset, _seed_list(args.seeds), out, only=only, collect=args.collect, **_run_kwargs(args))
     print(f"empirical claims reproduced: {index['reproduced']}/{index['empirical']}")
     print(f"index: {(out / 'index.html').resolve()}")
     return 0 if index["reproduced"] == index["empirical"] else 1
@@ -261,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default="runs/reproduce", help="folder, one subfolder per experiment (resumable)")
     rp.add_argument("--only", default=None, help="comma-separated experiments (default: all that need no files)")
     rp.add_argument("--markdown", default=None, metavar="FILE", help="only regenerate FILE's tables from the index")
+    rp.add_argument(
+        "--collect", action="store_true", help="run nothing: index the runs finished in --out (made elsewhere)"
+    )
     rp.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     rp.add_argument("--workers", type=int, default=None, help="worker processes for sweeps (default: cores)")
     rp.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")

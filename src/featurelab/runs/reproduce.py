@@ -24,7 +24,7 @@ from ..claims import fmt_margin, verdict
 from ..errors import FeaturelabError
 from ..io import read_json, write_json, write_text
 from .report import page_head
-from .runner import resolve_config, run_experiment
+from .runner import finished_record, resolve_config, run_experiment
 
 FLOAT64 = "float64"
 NEEDS_LOCAL_FILES = ("saddle-mnist",)  # MNIST is read from disk, never downloaded: not part of `reproduce`
@@ -67,12 +67,15 @@ def run_robustness(
     overrides: dict | None = None,
     out: str | Path | None = None,
     echo=print,
+    collect: bool = False,
     **run_kwargs,
 ) -> dict:
     """Run `name` at `preset` under each variant (`variants`) in ``out/<label>`` (default
     ``runs/<name>-<preset>-seeds``), resuming what exists, and write ``robustness.json`` and
     ``robustness.html`` in `out`; returns the robustness record (`robustness_table`). A variant that ends
     in an error is recorded with it (its claims count as not reproduced) and the others go on.
+    collect: run nothing; read the variants that finished (runs made elsewhere, e.g. in parallel on a
+    bigger machine) and record the others as not run.
     run_kwargs: passed to `featurelab.runs.run_experiment` (workers, threads, device, progress, ...)."""
     seeds = list(seeds)
     todo = variants(name, preset, seeds, overrides)
@@ -82,7 +85,13 @@ def run_robustness(
         folder = root / v.label
         echo(f"{name} {preset} {v.label}: {folder}")
         try:
-            record = run_experiment(name, preset, v.overrides, out=folder, seed=v.seed, resume=True, **run_kwargs)
+            if collect and not (folder / "results.json").exists():
+                raise FeaturelabError(f"not run: '{folder}' holds no finished run")
+            record = (
+                finished_record(folder)
+                if collect
+                else run_experiment(name, preset, v.overrides, out=folder, seed=v.seed, resume=True, **run_kwargs)
+            )
             runs.append(
                 {
                     "label": v.label,
@@ -222,11 +231,13 @@ def reproduce(
     out: str | Path = "runs/reproduce",
     only: list[str] | None = None,
     echo=print,
+    collect: bool = False,
     **run_kwargs,
 ) -> dict:
     """`run_robustness` for every registered experiment that needs no local files and has `preset` (or
     those named in `only`), each in ``out/<name>``; then writes ``out/index.json`` and ``out/index.html``.
-    Resumable: run it again to finish what an interruption left. Returns the index."""
+    Resumable: run it again to finish what an interruption left. collect: run nothing, index the variants
+    that finished (`run_robustness`). Returns the index."""
     from ..experiments import EXPERIMENTS, get_experiment
 
     names = [e.name for e in EXPERIMENTS if e.name not in NEEDS_LOCAL_FILES and preset in e.presets]
@@ -237,7 +248,9 @@ def reproduce(
     root = Path(out)
     for n in names:  # every config checked before anything runs
         variants(n, preset, list(seeds))
-    tables = [run_robustness(n, preset, list(seeds), out=root / n, echo=echo, **run_kwargs) for n in names]
+    tables = [
+        run_robustness(n, preset, list(seeds), out=root / n, echo=echo, collect=collect, **run_kwargs) for n in names
+    ]
     index = {
         "preset": preset,
         "seeds": list(seeds),

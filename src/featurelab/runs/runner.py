@@ -203,7 +203,7 @@ def not_critical(result: dict) -> str:
     return f"stationarity {fmt(cert.get('stationarity'), 2)} > {fmt(cert.get('tolerance'), 2)}"
 
 
-def _finished_record(run: Path) -> RunRecord:
+def finished_record(run: Path) -> RunRecord:
     """The record of the finished run in `run`, from its files (checked, not changed)."""
     results = read_json(
         run / "results.json", kind=dict, fix="the run is damaged: restore it or run again with a new --out"
@@ -277,7 +277,7 @@ def run_experiment(
                     "use the same settings or a new --out"
                 )
             if (run / "results.json").exists():
-                record = _finished_record(run)
+                record = finished_record(run)
                 if not record.failed:  # complete: never changed; a run with failed units re-runs them
                     return record
         elif any(p.name != LOCK_NAME for p in run.iterdir()):
