@@ -5,7 +5,8 @@ units' results into figures, tables and claims.
 Units are what the sweep mechanism distributes across worker processes and skips on ``--resume``.
 A unit is run either by `run_unit(cfg, unit, ctx) -> dict`, or, for units that are one training run,
 by the pair `build(cfg, unit) -> TrainingUnit` and `finish(cfg, unit, model, train_result, ctx) -> dict`:
-the sweep then trains the model itself (on the unit's device) and hands it to `finish` on the CPU, which lets it train same-shape units as one batched ensemble.
+the sweep then trains the model itself (on the unit's device; same-shape units as one batched ensemble)
+and hands it to `finish` on the CPU.
 Results are JSON-able dicts. A result with a non-empty ``"unhealthy"`` entry (a reason) rests on a
 trivial solution (a diverged, collapsed or chance-level network): the runner then reports every claim
 as "not measured". Units trained through `build` get it from

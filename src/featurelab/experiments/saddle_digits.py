@@ -241,8 +241,8 @@ def summarize(cfg: Config, hist: pd.DataFrame) -> dict:
 
 
 def _lowest(*margins: float) -> float:
-    """The smallest of several margins (NaN, for a part not measured, counts as failing)."""
-    return min((m if math.isfinite(m) else -math.inf) for m in margins)
+    """The smallest of several margins; NaN (no margin) when a part was not measured."""
+    return min(margins) if all(math.isfinite(m) for m in margins) else float("nan")
 
 
 def seed_checks(cfg: Config, res: dict) -> dict:
@@ -344,7 +344,7 @@ def seed_claims(cfg: Config, checks: dict[str, dict]) -> list[Claim]:
             measured,
             passed >= len(checks),
             id=key.removesuffix("_ok").replace("_", "-"),
-            margin=None if None in worst else min(worst),
+            margin=min(worst) if all(m is not None and math.isfinite(m) for m in worst) else None,
         )
 
     later = seed_claim(

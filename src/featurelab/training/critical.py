@@ -401,7 +401,8 @@ def polish(
     ``min(0.5, √stationarity)·‖∇𝓛‖`` (superlinear convergence near a non-degenerate minimum), accepted when
     the loss falls by more than 1e-4 of the model's prediction. Stops after `max_iterations` steps, after
     `max_seconds` if given (by default none: a wall-clock stop would make the polished net, and the verdicts
-    resting on it, depend on the machine's speed), when the trust region has shrunk below float64 resolution of θ, or when it has stalled (in 100
+    resting on it, depend on the machine's speed), when the trust region has shrunk below float64
+    resolution of θ, or when it has stalled (in 100
     iterations neither the best stationarity fell by 10 % nor the loss by 1e-6 of itself: near a minimiser at
     ReLU kinks, `relu_kinks`)."""
     positive("tolerance", tolerance)
