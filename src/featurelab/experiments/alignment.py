@@ -62,8 +62,9 @@ PRESETS = {
 
 
 def units(cfg: Config) -> list[dict]:
-    relu = [{"id": f"seed{s}", "seed": s, "g": "relu"} for s in cfg.seeds]
-    return relu + [{"id": f"tanh-seed{s}", "seed": s, "g": "tanh"} for s in cfg.tanh_seeds]
+    """One unit per seed and activation; the master seed shifts every unit's seed by 1000·cfg.seed."""
+    relu = [{"id": f"seed{s}", "seed": 1000 * cfg.seed + s, "g": "relu"} for s in cfg.seeds]
+    return relu + [{"id": f"tanh-seed{s}", "seed": 1000 * cfg.seed + s, "g": "tanh"} for s in cfg.tanh_seeds]
 
 
 class TailLog:

@@ -84,7 +84,7 @@ def units(cfg: Config) -> list[dict]:
     if bad:
         raise FeaturelabError(f"archs={bad!r} is not allowed; choose from: {', '.join(ARCHS)}")
     return [
-        {"id": f"{a}-eta{eta:g}-seed{seed}", "arch": a, "eta": eta, "seed": seed}
+        {"id": f"{a}-eta{eta:g}-seed{seed}", "arch": a, "eta": eta, "seed": 1000 * cfg.seed + seed}
         for a in cfg.archs
         for eta in cfg.etas
         for seed in cfg.seeds
@@ -247,7 +247,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
 
     fig2, ax2 = plt.subplots(figsize=(6.5, 4.2))
     for res in results.values():
-        if res["eta"] != eta_min or res["seed"] != cfg.seeds[0]:
+        if res["eta"] != eta_min or res["seed"] != 1000 * cfg.seed + cfg.seeds[0]:
             continue
         h = res["drift_history"]
         cols = [c for c in h if c.startswith("drift:") and not c.startswith("drift:control")]

@@ -96,8 +96,15 @@ def gram_parts(model, l: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def units(cfg: Config) -> list[dict]:
-    out = [{"id": f"eta{eta:g}-seed{s}", "eta": eta, "seed": s} for eta in cfg.etas for s in cfg.seeds]
-    return out + [{"id": f"plain-relu-seed{s}", "eta": cfg.plain_eta, "seed": s, "plain": True} for s in cfg.seeds]
+    """One unit per (η, seed) and a plain ReLU net per seed; the master seed shifts every unit's seed by
+    1000·cfg.seed."""
+    out = [
+        {"id": f"eta{eta:g}-seed{s}", "eta": eta, "seed": 1000 * cfg.seed + s} for eta in cfg.etas for s in cfg.seeds
+    ]
+    return out + [
+        {"id": f"plain-relu-seed{s}", "eta": cfg.plain_eta, "seed": 1000 * cfg.seed + s, "plain": True}
+        for s in cfg.seeds
+    ]
 
 
 def run_unit(cfg: Config, unit: dict, ctx) -> dict:

@@ -86,7 +86,7 @@ def run_robustness(
         echo(f"{name} {preset} {v.label}: {folder}")
         try:
             if collect and not (folder / "results.json").exists():
-                raise FeaturelabError(f"not run: '{folder}' holds no finished run")
+                raise FeaturelabError(f"not run: no finished run in {v.label}/")
             record = (
                 finished_record(folder)
                 if collect
