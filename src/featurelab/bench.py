@@ -454,7 +454,7 @@ def table_rows(results: dict) -> list[tuple[str, str, str, str, str]]:
             f"; JAX vmap+jit {r['baseline_jax_seconds']:.2f} s (CPU {r['baseline_jax_cpu_seconds']:.2f} s): "
             f"{r['ratio_to_jax']:.2f}x JAX's time (CPU {r['cpu_ratio_to_jax']:.2f}x)"
             if "baseline_jax_seconds" in r
-            else "; no JAX installed"
+            else "; no JAX peer (it runs on the CPU only, when JAX is installed)"
         )
         rows.append(
             (
