@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -41,6 +42,7 @@ class TinyConfig(ExperimentConfig):
     fail: bool = False  # the unit "b" raises in finish
     sleep: float = 0.0  # seconds each unit's finish waits (a long sweep)
     steps: int = 40
+    width: int = 6  # of the MLP's hidden layers
 
 
 def tiny_units(cfg):
@@ -50,7 +52,7 @@ def tiny_units(cfg):
 def tiny_build(cfg, unit):
     data = bottleneck_teacher((4, 2, 4), "fcnn", 8, 24, 8, teacher_seed=cfg.seed, data_seed=cfg.seed + 1)
     scale = 0.0 if unit["id"] == "dead" else 1.0
-    model = MLP(4, 4, 6, 3, init_scale=scale, seed=cfg.seed + (unit["id"] == "b"), dtype=torch.float64)
+    model = MLP(4, 4, cfg.width, 3, init_scale=scale, seed=cfg.seed + (unit["id"] == "b"), dtype=torch.float64)
     tc = TrainConfig(lam=1e-3, phases=[Phase(steps=cfg.steps, lr=1e-2)], log_every=10, checkpoint_every=10)
     return TrainingUnit(model, data, tc)
 
@@ -250,6 +252,73 @@ def test_resume_keeps_the_float64_step_buffer_and_is_bit_identical(tmp_path):
     assert model.rho.dtype == torch.float64
     assert load_file(str(tmp_path / "model.safetensors"))["rho"].dtype == torch.float64
     assert resumed.history["loss"].iloc[-1] == reference.history["loss"].iloc[-1]
+
+
+KILLED_SWEEP = """
+import os, signal, sys
+from pathlib import Path
+
+sys.path.insert(0, {tests!r})
+import featurelab.training.engine as engine
+from test_run_folders import tiny
+
+original = engine.save_checkpoint
+
+
+def save_then_die(folder, model, optimizer, info, *extra):
+    original(folder, model, optimizer, info, *extra)
+    if info["step"] == 20 and Path(folder).name == "b":  # the ensemble's last member is saved
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+engine.save_checkpoint = save_then_die
+tiny(Path({out!r}), overrides={{"width": {width}}})
+"""
+
+
+def as_text(obj) -> str:
+    """JSON with every float as its shortest round-trip repr: equal texts are equal bits (NaN included)."""
+    return json.dumps(obj, sort_keys=True)
+
+
+def test_a_sweep_killed_mid_ensemble_resumes_bit_identically(tmp_path):
+    """The test experiment's two units (hidden width 16) train as one ensemble; SIGKILL right after both
+    saved the checkpoint of step 20 (of 40), then ``--resume``: the members continue together, so every
+    tensor saved (models, checkpoints with their optimizer state), every history entry, unit result, claim
+    and summary number equals the uninterrupted run's bit for bit. Resumed one by one, each member sums its
+    matmuls in another order (the weights differ by about 1e-16) and the results record no ensemble."""
+    from featurelab.io import read_json
+    from featurelab.training.checkpoint import load_checkpoint, load_tensors
+
+    finished, run, width = tmp_path / "whole", tmp_path / "run", 16
+    tiny(finished, overrides={"width": width})
+    script = KILLED_SWEEP.format(tests=str(Path(__file__).parent), out=str(run), width=width)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    for unit in ("a", "b"):
+        info = load_checkpoint(run / "units" / unit)[1]
+        assert (info["step"], info["done"], info["ensemble"]) == (20, False, ["a", "b"])
+        assert not (run / "units" / unit / "result.json").exists()
+    tiny(run, resume=True, overrides={"width": width})
+    units = sorted(p.name for p in (finished / "units").iterdir())
+    assert units == sorted(p.name for p in (run / "units").iterdir()) == ["a", "b"]
+    for unit in units:
+        whole, cut = finished / "units" / unit, run / "units" / unit
+        names = sorted(p.name for p in whole.glob("*.safetensors"))
+        assert names == sorted(p.name for p in cut.glob("*.safetensors")) and "checkpoint.safetensors" in names
+        for name in names:
+            a, b = load_tensors(whole / name), load_tensors(cut / name)
+            assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+        history = lambda f: pd.read_csv(f / "history.csv").drop(columns="seconds")  # noqa: E731
+        pd.testing.assert_frame_equal(history(whole), history(cut), check_exact=True)
+        result = lambda f: read_json(f / "result.json", checksum=True)["result"]  # noqa: E731
+        assert as_text(result(whole)) == as_text(result(cut)), unit
+        assert not (cut / "ensemble_fallback.txt").exists()
+    assert (finished / "claims.json").read_text() == (run / "claims.json").read_text()
+    timing = {"seconds", "unit_seconds", "skipped_on_resume"}
+    results = lambda f: {k: v for k, v in json.loads((f / "results.json").read_text()).items() if k not in timing}  # noqa: E731
+    assert as_text(results(finished)) == as_text(results(run))
+    assert results(run)["ensembles"] == [2]  # resumed together
 
 
 # ---------------------------------------------------------------------- files a command reads

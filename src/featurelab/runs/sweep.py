@@ -10,9 +10,12 @@ full disk, say): then the sweep stops its workers and raises it.
 Batching: pending units of an experiment with ``build``/``finish`` whose built runs have equal
 `featurelab.training.ensemble.ensemble_key` (same shapes and phases; seeds, λ, lr, L̃, init scale
 may differ) are trained as one batched ensemble (`train_ensemble`), then ``finish`` runs per
-member. ``batch=False`` (``--no-batch``) trains them one by one. A unit with a checkpoint left by an
-interrupted run is resumed one-by-one by `train`. A group whose forward cannot be batched (a float
-model attribute used in Python control flow, say) falls back to one-by-one runs.
+member. ``batch=False`` (``--no-batch``) trains them one by one. The members of an ensemble interrupted
+mid-training (their checkpoints name each other, at one step, none of them finished) resume together
+(`train_ensemble(resume=True)`): the run then ends bit-identical to an uninterrupted one. Any other unit
+with a checkpoint (a damaged one, a member of a group partly finished or at different steps, a run
+handed over to L-BFGS) is resumed one-by-one by `train`. A group whose forward cannot be batched (a
+float model attribute used in Python control flow, say) falls back to one-by-one runs.
 
 Backends: "local" runs work items on worker processes, one torch thread each by default (featurelab's
 small matrices lose to thread overhead, so runs are parallelised across processes, docs/theory/conventions.md);
@@ -152,6 +155,29 @@ def cuda_capacity(job, device: str, headroom: float = 0.8) -> int:
     return max(1, int(headroom * free // max(1, member_bytes(job))))
 
 
+def _interrupted_ensembles(pending: list[dict], run_dir: Path) -> dict[str, tuple]:
+    """Unit id -> ("resume", member ids in the ensemble's order, step) for each pending unit whose
+    checkpoint was written by an ensemble (`train_ensemble` names its members' folders in each) whose
+    members are all pending, with unfinished checkpoints at that same step naming the same members."""
+    from ..training.checkpoint import load_checkpoint
+
+    named = {}
+    for u in pending:
+        try:
+            ck = load_checkpoint(unit_dir(run_dir, u["id"]))
+        except FeaturelabError:  # a damaged checkpoint: the unit runs alone and reports it
+            ck = None
+        if ck is not None and ck[1].get("ensemble") and not ck[1]["done"]:
+            named[u["id"]] = (tuple(ck[1]["ensemble"]), ck[1]["step"])
+    ids = {unit_dir(run_dir, i).name: i for i in named}
+    out = {}
+    for i, (members, step) in named.items():
+        group = tuple(ids.get(name) for name in members)
+        if i in group and all(g is not None and named[g] == (members, step) for g in group):
+            out[i] = ("resume", group, step)
+    return out
+
+
 def plan(
     exp: Experiment,
     cfg: ExperimentConfig,
@@ -167,8 +193,9 @@ def plan(
 
     On CPUs a group is cut into near-equal ensembles so that there are about `workers` items in all
     (each worker then trains one ensemble). On CUDA a group is packed into as few ensembles as fit in
-    the free GPU memory (`cuda_capacity`). Units with a checkpoint (an interrupted run) or whose build
-    fails stay single."""
+    the free GPU memory (`cuda_capacity`). The members of an interrupted ensemble
+    (`_interrupted_ensembles`) form one item again, in their order; other units with a checkpoint, and
+    units whose build fails, stay single."""
     if not batch or exp.build is None or len(pending) < 2:
         return [[u] for u in pending], {}
     from ..training.ensemble import ensemble_key
@@ -176,9 +203,16 @@ def plan(
     groups: dict[object, list[dict]] = {}
     built: dict[str, object] = {}
     singles = []
+    resumed = _interrupted_ensembles(pending, run_dir)
     for u in pending:
         key = None
-        if not (unit_dir(run_dir, u["id"]) / "checkpoint.safetensors").exists():
+        if u["id"] in resumed:  # an interrupted ensemble resumes as itself (bit-identical)
+            try:
+                built[u["id"]] = exp.build(cfg, u)
+                key = resumed[u["id"]]
+            except Exception:  # the unit runs alone and reports its own error
+                key = None
+        elif not (unit_dir(run_dir, u["id"]) / "checkpoint.safetensors").exists():
             try:
                 job = exp.build(cfg, u)
                 key = ensemble_key(job.model, job.data, job.config)
@@ -190,7 +224,11 @@ def plan(
         else:
             groups.setdefault(key, []).append(u)
     items = []
-    for members in groups.values():
+    for key, members in groups.items():
+        if isinstance(key, tuple) and key[:1] == ("resume",):  # its members, in the ensemble's order
+            by_id = {u["id"]: u for u in members}
+            items.append([by_id[i] for i in key[1] if i in by_id])
+            continue
         if device.startswith("cuda"):
             size = cuda_capacity(built[members[0]["id"]], device)
         else:

@@ -1,9 +1,10 @@
 """Work items: what the sweep hands to a worker process or a Ray task, and what comes back.
 
-A `WorkItem` is one unit, or several fresh units of equal `featurelab.training.ensemble.ensemble_key`
-trained as one batched ensemble. `execute` runs it wherever it lands and writes each unit's
-``result.json`` (atomically, last); it returns one `UnitOutcome` per unit. A unit that raises is
-recorded as failed, except for a `WriteError` (the folder cannot be written): that stops the run.
+A `WorkItem` is one unit, or several units trained as one batched ensemble: fresh units of equal
+`featurelab.training.ensemble.ensemble_key`, or the members of an interrupted ensemble, resumed
+together. `execute` runs it wherever it lands and writes each unit's ``result.json`` (atomically, last);
+it returns one `UnitOutcome` per unit. A unit that raises is recorded as failed, except for a
+`WriteError` (the folder cannot be written): that stops the run.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class UnitOutcome:
 
 @dataclass(frozen=True)
 class WorkItem:
-    """One unit, or an ensemble of fresh same-shape units, of experiment `experiment`."""
+    """One unit, or an ensemble (fresh same-shape units, or an interrupted ensemble's members) of
+    experiment `experiment`."""
 
     experiment: Experiment
     config: ExperimentConfig
@@ -87,9 +89,11 @@ def execute_unit(item: WorkItem, unit: dict, folder: str, resume: bool, progress
 
 
 def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome]:
-    """Build the item's units (fresh runs of equal `ensemble_key`), train them as one ensemble,
-    ``finish`` each and write each ``result.json``. Falls back to `execute_unit` per unit when the
-    ensemble cannot run (the reason is kept in each folder's ``ensemble_fallback.txt``)."""
+    """Build the item's units (fresh runs of equal `ensemble_key`, or an interrupted ensemble's members,
+    continued from their checkpoints when `item.resume`), train them as one ensemble, ``finish`` each and
+    write each ``result.json``. Falls back to `execute_unit` per unit when the ensemble cannot run (the
+    reason is kept in each folder's ``ensemble_fallback.txt``): fresh units from scratch (whatever the
+    failed ensemble left), an interrupted ensemble's members each from its checkpoint."""
     from ..training.ensemble import train_ensemble
 
     set_threads(item.threads)
@@ -97,6 +101,7 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
     assert exp.build is not None and exp.finish is not None  # only build/finish units are batched
     t0 = time.perf_counter()
     paths = [make_folder(f) for f in item.folders]
+    resume = item.resume and any((p / "checkpoint.safetensors").exists() for p in paths)  # not fresh units
     why = None  # why the ensemble cannot run, written down outside the `except` block
     try:
         jobs = list(item.jobs) if item.jobs is not None else [exp.build(cfg, u) for u in item.units]
@@ -106,17 +111,18 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
             [j.config for j in jobs],
             device=item.device,
             run_dirs=paths,
+            resume=resume,
             callbacks=[j.callbacks for j in jobs],
             progress=progress,
         )
     except WriteError:
         raise
-    except Exception:  # not batchable after all: one by one, from scratch
+    except Exception:  # not batchable after all, or not resumable together: one by one
         why = traceback.format_exc()
     if why is not None:
         for p in paths:
             write_text(p / "ensemble_fallback.txt", why)
-        return [execute_unit(item, u, f, False, progress) for u, f in zip(item.units, item.folders)]
+        return [execute_unit(item, u, f, resume, progress) for u, f in zip(item.units, item.folders)]
     seconds = time.perf_counter() - t0
     out = []
     for unit, job, res, path in zip(item.units, jobs, trained, paths):
