@@ -10,6 +10,7 @@ on its input.
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -281,24 +282,34 @@ def as_text(obj) -> str:
     return json.dumps(obj, sort_keys=True)
 
 
-def test_a_sweep_killed_mid_ensemble_resumes_bit_identically(tmp_path):
-    """The test experiment's two units (hidden width 16) train as one ensemble; SIGKILL right after both
-    saved the checkpoint of step 20 (of 40), then ``--resume``: the members continue together, so every
-    tensor saved (models, checkpoints with their optimizer state), every history entry, unit result, claim
-    and summary number equals the uninterrupted run's bit for bit. Resumed one by one, each member sums its
-    matmuls in another order (the weights differ by about 1e-16) and the results record no ensemble."""
-    from featurelab.io import read_json
-    from featurelab.training.checkpoint import load_checkpoint, load_tensors
+@pytest.fixture(scope="module")
+def killed_sweep(tmp_path_factory) -> Path:
+    """The test experiment (hidden width 16; its two units train as one ensemble) killed by SIGKILL right
+    after both units saved the checkpoint of step 20 (of 40): a run folder to copy, never changed."""
+    from featurelab.training.checkpoint import load_checkpoint
 
-    finished, run, width = tmp_path / "whole", tmp_path / "run", 16
-    tiny(finished, overrides={"width": width})
-    script = KILLED_SWEEP.format(tests=str(Path(__file__).parent), out=str(run), width=width)
+    run = tmp_path_factory.mktemp("killed") / "run"
+    script = KILLED_SWEEP.format(tests=str(Path(__file__).parent), out=str(run), width=16)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     for unit in ("a", "b"):
         info = load_checkpoint(run / "units" / unit)[1]
         assert (info["step"], info["done"], info["ensemble"]) == (20, False, ["a", "b"])
         assert not (run / "units" / unit / "result.json").exists()
+    return run
+
+
+def test_a_sweep_killed_mid_ensemble_resumes_bit_identically(killed_sweep, tmp_path):
+    """``--resume`` of `killed_sweep`: the members continue together, so every tensor saved (models,
+    checkpoints with their optimizer state), every history entry, unit result, claim and summary number
+    equals the uninterrupted run's bit for bit. Resumed one by one, each member sums its matmuls in another
+    order (the weights differ by about 1e-16) and the results record no ensemble."""
+    from featurelab.io import read_json
+    from featurelab.training.checkpoint import load_tensors
+
+    finished, run, width = tmp_path / "whole", tmp_path / "run", 16
+    tiny(finished, overrides={"width": width})
+    shutil.copytree(killed_sweep, run)
     tiny(run, resume=True, overrides={"width": width})
     units = sorted(p.name for p in (finished / "units").iterdir())
     assert units == sorted(p.name for p in (run / "units").iterdir()) == ["a", "b"]
@@ -319,6 +330,30 @@ def test_a_sweep_killed_mid_ensemble_resumes_bit_identically(tmp_path):
     results = lambda f: {k: v for k, v in json.loads((f / "results.json").read_text()).items() if k not in timing}  # noqa: E731
     assert as_text(results(finished)) == as_text(results(run))
     assert results(run)["ensembles"] == [2]  # resumed together
+
+
+def test_only_a_whole_interrupted_ensemble_is_regrouped(killed_sweep, tmp_path):
+    """The sweep's plan regroups the members of `killed_sweep` as one ensemble, in their order; a member
+    that is gone (fresh again), damaged or finished leaves the others to resume one by one."""
+    from featurelab.config import validate
+    from featurelab.runs.sweep import plan
+
+    cfg, run = validate(TinyConfig, {"width": 16}, TINY.name), tmp_path / "run"
+    units = [{"id": "a"}, {"id": "b"}]
+
+    def items(pending):
+        return plan(TINY, cfg, pending, run, batch=True, workers=1)[0]
+
+    shutil.copytree(killed_sweep, run)
+    assert items(units[::-1]) == [units]
+    checkpoint = run / "units" / "b" / "checkpoint.safetensors"
+    original = checkpoint.read_bytes()
+    checkpoint.write_bytes(original[:-8])  # damaged: b reports it, a resumes alone
+    assert items(units) == [[units[0]], [units[1]]]
+    checkpoint.unlink()  # b fresh (planned first, alone): a resumes alone
+    assert items(units) == [[units[1]], [units[0]]]
+    checkpoint.write_bytes(original)  # b finished (not pending), another unit fresh: a resumes alone
+    assert items([units[0], {"id": "c"}]) == [[{"id": "c"}], [units[0]]]
 
 
 # ---------------------------------------------------------------------- files a command reads
