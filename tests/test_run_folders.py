@@ -356,6 +356,22 @@ def test_only_a_whole_interrupted_ensemble_is_regrouped(killed_sweep, tmp_path):
     assert items([units[0], {"id": "c"}]) == [[{"id": "c"}], [units[0]]]
 
 
+def test_a_fresh_ensemble_that_cannot_run_falls_back_to_runs_from_scratch(tmp_path, monkeypatch):
+    """A run started with ``--resume`` whose fresh ensemble fails after writing (here: unreadable
+    checkpoints): each member trains alone from scratch, never from what the failed ensemble left."""
+    import featurelab.training.ensemble as ensemble
+
+    def fails(models, datas, configs, *, run_dirs, **kwargs):
+        for folder in run_dirs:
+            (Path(folder) / "checkpoint.safetensors").write_bytes(b"partial")
+        raise RuntimeError("cannot batch")
+
+    monkeypatch.setattr(ensemble, "train_ensemble", fails)
+    record = tiny(tmp_path / "run", resume=True)
+    assert record.failed == {} and record.claims[0]["passed"] is True
+    assert all((tmp_path / "run" / "units" / u / "ensemble_fallback.txt").exists() for u in ("a", "b"))
+
+
 # ---------------------------------------------------------------------- files a command reads
 @pytest.mark.parametrize(
     "name, content, message",
