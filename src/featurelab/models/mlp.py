@@ -20,6 +20,7 @@ import math
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from ..checks import int_at_least, non_negative, one_of
 from ..errors import FeaturelabError
@@ -52,6 +53,103 @@ def affine(a: torch.Tensor, W: torch.Tensor, beta: float) -> torch.Tensor:
     if a.dim() == 2:
         return torch.addmm(bias, a, weight, beta=beta)
     return a @ weight + beta * bias
+
+
+def _activate_(z: torch.Tensor, slope: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(σ_slope(z), z or None)``: σ in place on the fresh pre-activation `z` where σ' can be read off
+    σ(z) (slope >= 0: σ(z) > 0 exactly where z > 0), else out of place, keeping `z` for the backward."""
+    if slope == 1.0:
+        return z, None
+    if slope == 0.0:
+        return z.clamp_min_(0), None  # torch.relu's kernel
+    if slope > 0:
+        return torch.nn.functional.leaky_relu_(z, slope), None
+    return torch.nn.functional.leaky_relu(z, slope), z
+
+
+def _activate_backward(g: torch.Tensor, a: torch.Tensor, z: torch.Tensor | None, slope: float, out: torch.Tensor):
+    """``out = g ⊙ σ'_slope(Z)`` with σ' = 1 for Z > 0 and slope otherwise (σ'(0) = slope, as torch's ReLU
+    and leaky ReLU), read off ``a = σ(Z)`` or, for a negative slope, off ``z = Z``."""
+    if slope == 1.0:
+        out.copy_(g)
+    elif slope == 0.0:
+        torch.ops.aten.threshold_backward.grad_input(g, a, 0, grad_input=out)
+    elif z is None:
+        torch.ops.aten.leaky_relu_backward.grad_input(g, a, slope, True, grad_input=out)
+    else:
+        torch.ops.aten.leaky_relu_backward.grad_input(g, z, slope, False, grad_input=out)
+
+
+def _affine_columns(aT: torch.Tensor, W: torch.Tensor, beta: float) -> torch.Tensor:
+    """``W[i] @ [aT[i]; β·1ᵀ]`` for every member i, samples as columns: W ``M x m x (n+1)`` (``n`` when
+    β = 0), aT ``M x n x N``, or ``n x N`` shared (one ``(M·m) x N`` product for all members); ``M x m x N``."""
+    M, m, n = W.shape[0], W.shape[1], aT.shape[-2]
+    if aT.dim() == 2:
+        flat = W.reshape(M * m, -1)
+        zT = torch.addmm(flat[:, n:], flat[:, :n], aT, beta=beta) if beta > 0 else flat @ aT
+        return zT.view(M, m, -1)
+    if beta > 0:
+        return torch.baddbmm(W[..., n:], W[..., :n], aT, beta=beta)
+    return torch.bmm(W, aT)
+
+
+def _with_bias_grad(dW: torch.Tensor, g_sum: torch.Tensor, beta: float) -> torch.Tensor:
+    """The gradient of a stored weight: ``[dW, β·Σ_samples G]`` (the bias column) when β > 0."""
+    return torch.cat([dW, beta * g_sum[..., None]], -1) if beta > 0 else dW
+
+
+class _StackedForward(torch.autograd.Function):
+    """The stacked leaky-ReLU MLP (``Z_l = [Zσ_{l-1}, β·1] @ W_lᵀ`` for every member at once) as one autograd
+    node with the chain rule written out: for the incoming gradient ``G = ∂C/∂Z_l`` (``N x n_l`` per member),
+    ``∂C/∂W_l = [Gᵀ Zσ_{l-1}, β·Gᵀ1]`` and ``∂C/∂Zσ_{l-1} = G W_l[:, :n_{l-1}]``, then
+    ``∂C/∂Z_{l-1} = ∂C/∂Zσ_{l-1} ⊙ σ'(Z_{l-1})``. Inside, samples are columns (``M x n x N``): a CPU's
+    batched products and the cross-entropy over classes run faster on that layout.
+
+    X: ``N x d_in`` (shared: the first layer is one matrix product for all members, and ∂C/∂X sums
+    over them) or ``M x N x d_in``; Ws: ``M x n_l x (n_{l-1}+1)`` (``n_{l-1}`` when β = 0); slopes: the
+    slope a of σ after each hidden layer (1 inside a linear tail). Output ``M x N x d_out`` (a transposed
+    view). First order only (`once_differentiable`: a double backward raises instead of going wrong).
+    """
+
+    @staticmethod
+    def forward(ctx, X, beta: float, slopes: tuple[float, ...], *Ws):
+        acts, pre, aT = [], [], X.mT
+        for l, W in enumerate(Ws):
+            acts.append(aT)
+            zT = _affine_columns(aT, W, beta)
+            if l == len(Ws) - 1:
+                break
+            aT, kept = _activate_(zT, slopes[l])
+            pre.append(kept)
+        ctx.save_for_backward(X, *Ws)
+        ctx.acts, ctx.pre, ctx.beta, ctx.slopes = acts, pre, beta, slopes
+        return zT.mT
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        X, *Ws = ctx.saved_tensors
+        M, N, beta = Ws[0].shape[0], X.shape[-2], ctx.beta
+        grads: list[torch.Tensor | None] = [None] * len(Ws)
+        gX, gT = None, g.mT
+        for l in reversed(range(len(Ws))):
+            W, aT = Ws[l], ctx.acts[l]
+            m, n = W.shape[1], aT.shape[-2]
+            if aT.dim() == 2:  # the shared input: one product for all members
+                flat = gT.reshape(M * m, N)
+                grads[0] = _with_bias_grad(flat @ X, flat.sum(1), beta).view(M, m, -1)
+                if ctx.needs_input_grad[0]:
+                    gX = flat.mT @ W.reshape(M * m, -1)[:, :n]
+                break
+            grads[l] = _with_bias_grad(torch.bmm(gT, aT.mT), gT.sum(2), beta)
+            if l == 0:
+                if ctx.needs_input_grad[0]:
+                    gX = torch.bmm(gT.mT, W[..., :n])
+                break
+            gaT = torch.bmm(W[..., :n].mT, gT)
+            _activate_backward(gaT, aT, ctx.pre[l - 1], ctx.slopes[l - 1], out=gaT)
+            gT = gaT
+        return (gX, None, None, *grads)
 
 
 class MLP(nn.Module):
@@ -154,7 +252,13 @@ class MLP(nn.Module):
     def forward(self, X: torch.Tensor, return_layers: bool = False):
         """X: ``N x d_in`` -> output ``N x d_out``; with ``return_layers=True`` a `Forward` with
         ``output`` (= ``pre[-1]``), ``pre = [Z_1, ..., Z_L]`` (``pre[l-1]`` is ``N x n_l``) and
-        ``act = [Zσ_0 = X, Zσ_1, ..., Zσ_{L-1}]`` (activations without the bias column)."""
+        ``act = [Zσ_0 = X, Zσ_1, ..., Zσ_{L-1}]`` (activations without the bias column).
+
+        Stacked weights under autograd run as one node with a hand-written backward (`_StackedForward`)
+        when σ is the leaky-ReLU family in float32/float64; anything else takes the plain path below."""
+        if not return_layers and self._fusable(X):
+            slopes = tuple(1.0 if l > self.depth - self.linear_tail else self.leak for l in range(1, self.depth))
+            return _StackedForward.apply(X, self.bias, slopes, *self.weights)
         a, pre, act = X, [], [X]
         for l, W in enumerate(self.weights, start=1):
             z = affine(a, W, self.bias)
@@ -165,6 +269,24 @@ class MLP(nn.Module):
         if return_layers:
             return Forward(pre[-1], pre, act)
         return pre[-1]
+
+    def _fusable(self, X: torch.Tensor) -> bool:
+        """Stacked ``M x ...`` weights, X ``N x d`` or ``M x N x d`` of their dtype (float32/64) and device,
+        σ leaky ReLU, a gradient to take, and no torch.func transform or torch function mode watching."""
+        Ws = list(self.weights)
+        W0 = Ws[0]
+        return (
+            self.activation == "leaky_relu"
+            and W0.dim() == 3
+            and X.dim() in (2, 3)
+            and (X.dim() == 2 or X.shape[0] == W0.shape[0])
+            and X.dtype in (torch.float32, torch.float64)
+            and all(W.dim() == 3 and W.dtype == X.dtype and W.device == X.device for W in Ws)
+            and torch.is_grad_enabled()
+            and (X.requires_grad or any(W.requires_grad for W in Ws))
+            and not torch._C._are_functorch_transforms_active()
+            and torch._C._len_torch_function_stack() == 0
+        )
 
     # ------------------------------------------------------------------------------ parameters
     def weight_matrices(self) -> list[torch.Tensor]:
