@@ -67,6 +67,15 @@ def _activate_(z: torch.Tensor, slope: float) -> tuple[torch.Tensor, torch.Tenso
     return torch.nn.functional.leaky_relu(z, slope), z
 
 
+def _watched() -> bool:
+    """Whether a torch.func transform or a torch function mode is active (the one-node path then steps
+    aside). These are torch's private hooks: where one is missing, assume watched and take the plain path."""
+    try:
+        return bool(torch._C._are_functorch_transforms_active()) or torch._C._len_torch_function_stack() > 0
+    except AttributeError:
+        return True
+
+
 def _activate_backward(g: torch.Tensor, a: torch.Tensor, z: torch.Tensor | None, slope: float, out: torch.Tensor):
     """``out = g ⊙ σ'_slope(Z)`` with σ' = 1 for Z > 0 and slope otherwise (σ'(0) = slope, as torch's ReLU
     and leaky ReLU), read off ``a = σ(Z)`` or, for a negative slope, off ``z = Z``."""
@@ -271,21 +280,22 @@ class MLP(nn.Module):
         return pre[-1]
 
     def _fusable(self, X: torch.Tensor) -> bool:
-        """Stacked ``M x ...`` weights, X ``N x d`` or ``M x N x d`` of their dtype (float32/64) and device,
-        σ leaky ReLU, a gradient to take, and no torch.func transform or torch function mode watching."""
+        """Stacked ``M x ...`` weights on the CPU (the path has not run on a GPU yet: CUDA keeps the plain
+        path, which its checks cover), X ``N x d`` or ``M x N x d`` of their dtype (float32/64) and device, σ
+        leaky ReLU, a gradient to take, and no torch.func transform or torch function mode watching."""
         Ws = list(self.weights)
         W0 = Ws[0]
         return (
             self.activation == "leaky_relu"
             and W0.dim() == 3
+            and W0.device.type == "cpu"
             and X.dim() in (2, 3)
             and (X.dim() == 2 or X.shape[0] == W0.shape[0])
             and X.dtype in (torch.float32, torch.float64)
             and all(W.dim() == 3 and W.dtype == X.dtype and W.device == X.device for W in Ws)
             and torch.is_grad_enabled()
             and (X.requires_grad or any(W.requires_grad for W in Ws))
-            and not torch._C._are_functorch_transforms_active()
-            and torch._C._len_torch_function_stack() == 0
+            and not _watched()
         )
 
     # ------------------------------------------------------------------------------ parameters
