@@ -33,7 +33,9 @@ and (f) run their own workers).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -518,6 +520,25 @@ def table_rows(results: dict) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
+ONE_CORE_FIGURES = ("a", "b")  # the figures with a JAX peer: both sides on one core under --threads 1
+
+
+@contextlib.contextmanager
+def one_core(active: bool):
+    """Pin this process to one of its CPUs while active (Linux): XLA starts threads of its own whatever its
+    flags say, so under ``--threads 1`` featurelab and its JAX peer are compared on one core each, as the
+    figures state. Restores the previous affinity."""
+    if not active or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(saved)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
 def run_bench(
     only: list[str] | None = None,
     experiments: list[str] | None = None,
@@ -561,8 +582,10 @@ def run_bench(
     for figure, measure in figures.items():
         if figure not in only and figure != "f":
             continue
+        pin = figure in ONE_CORE_FIGURES and dev.type == "cpu" and torch.get_num_threads() == 1
         try:
-            results[figure] = measure()
+            with one_core(pin):
+                results[figure] = measure()
         except (RuntimeError, FeaturelabError) as exc:  # one broken figure must not lose the others
             results.setdefault("errors", {})[figure] = f"{type(exc).__name__}: {exc}"
             echo(f"({figure}) failed: {type(exc).__name__}: {exc}")
