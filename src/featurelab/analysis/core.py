@@ -41,7 +41,7 @@ from ..models.leaky_resnet import LeakyResNet
 from ..models.mlp import MLP
 from .attention import head_rows
 from .layers import Layer, input_side, layer_model
-from .loaders import WeightsChain, WeightsFile
+from .loaders import WeightsChain, WeightsFile, check_values
 from .report import ModelAnalysis
 from .representations import capture, row, select
 from .spectra import singular_values, weightwatcher_columns, weightwatcher_eigenvalues
@@ -57,12 +57,7 @@ def _check_model(model: nn.Module) -> None:
             f"model has tensors on the meta device ({', '.join(meta[:3])}{', ...' if len(meta) > 3 else ''}), which "
             "hold no values: load its weights first (model.to_empty(device='cpu') then load_state_dict)"
         )
-    empty = [n for n, p in model.named_parameters() if p.numel() == 0]
-    if empty:
-        raise FeaturelabError(f"model has empty parameters ({', '.join(empty[:5])}); every weight needs entries")
-    bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(p).all()]
-    if bad:
-        raise FeaturelabError(f"model has NaN or inf in {', '.join(bad[:5])}; all weights must be finite")
+    check_values({n: p.detach() for n, p in model.named_parameters()}, "model", "parameters")
 
 
 def _as_samples(name: str, X) -> torch.Tensor:

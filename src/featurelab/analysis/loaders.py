@@ -39,13 +39,18 @@ def _read_safetensors(path: str | Path, what: str) -> dict[str, torch.Tensor]:
         raise FeaturelabError(f"{what} '{path}' is not a readable safetensors file ({_first_line(exc)})") from None
     if not tensors:
         raise FeaturelabError(f"{what} '{path}' holds no tensor")
+    check_values(tensors, f"{what} '{path}'")
+    return tensors
+
+
+def check_values(tensors: dict[str, torch.Tensor], where: str, noun: str = "tensors") -> None:
+    """One line naming `where` and up to five of its `noun` when one is empty or holds NaN or inf."""
     empty = [k for k, T in tensors.items() if T.numel() == 0]
     if empty:
-        raise FeaturelabError(f"{what} '{path}' has empty tensors ({', '.join(empty[:5])}); every tensor needs entries")
+        raise FeaturelabError(f"{where} has empty {noun} ({', '.join(empty[:5])}); each needs entries")
     bad = [k for k, T in tensors.items() if T.is_floating_point() and not torch.isfinite(T).all()]
     if bad:
-        raise FeaturelabError(f"{what} '{path}' has NaN or inf in {', '.join(bad[:5])}; all entries must be finite")
-    return tensors
+        raise FeaturelabError(f"{where} has NaN or inf in {', '.join(bad[:5])}; all entries must be finite")
 
 
 def _module_for(prefix: str, tensors: dict[str, torch.Tensor]) -> nn.Module | None:
