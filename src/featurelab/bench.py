@@ -97,7 +97,8 @@ def matmul_peak(device: torch.device, n: int | None = None) -> tuple[float, floa
 
 
 def paper_network(device: torch.device):
-    """The paper-size Leaky ResNet (float32), its data (bottleneck teacher 20 -> 5 -> 20) and an Adam step."""
+    """The paper-size Leaky ResNet (float32), its data (bottleneck teacher 20 -> 5 -> 20) and an eager Adam step
+    of plain PyTorch (torch.optim, the residual steps through plain autograd)."""
     from .data import bottleneck_teacher
     from .models import LeakyResNet
     from .training import data_cost
@@ -110,7 +111,8 @@ def paper_network(device: torch.device):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = data_cost("mse", model(data.X_train), data.Y_train) + model.penalty(p["lam"])
+        out = model(data.X_train, return_layers=True).output  # the plain autograd path, not the one-node steps
+        loss = data_cost("mse", out, data.Y_train) + model.penalty(p["lam"])
         loss.backward()
         opt.step()
 
