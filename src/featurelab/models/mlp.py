@@ -76,6 +76,17 @@ def _watched() -> bool:
         return True
 
 
+class _DirectContext:
+    """A stand-in for the context an ``autograd.Function`` gets, to call its ``forward`` and ``backward``
+    directly, without an autograd graph (a training step that chains them itself)."""
+
+    def __init__(self, inputs: int):
+        self.needs_input_grad = (False,) * inputs
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        self.saved_tensors = tensors
+
+
 def _activate_backward(g: torch.Tensor, a: torch.Tensor, z: torch.Tensor | None, slope: float, out: torch.Tensor):
     """``out = g ⊙ σ'_slope(Z)`` with σ' = 1 for Z > 0 and slope otherwise (σ'(0) = slope, as torch's ReLU
     and leaky ReLU), read off ``a = σ(Z)`` or, for a negative slope, off ``z = Z``."""
@@ -102,9 +113,13 @@ def _affine_columns(aT: torch.Tensor, W: torch.Tensor, beta: float) -> torch.Ten
     return torch.bmm(W, aT)
 
 
-def _with_bias_grad(dW: torch.Tensor, g_sum: torch.Tensor, beta: float) -> torch.Tensor:
-    """The gradient of a stored weight: ``[dW, β·Σ_samples G]`` (the bias column) when β > 0."""
-    return torch.cat([dW, beta * g_sum[..., None]], -1) if beta > 0 else dW
+def _with_bias_grad(dW: torch.Tensor, gT: torch.Tensor, beta: float) -> torch.Tensor:
+    """The gradient of a stored weight: ``[dW, β·Σ_samples G]`` (the bias column) when β > 0; `gT` holds
+    ``Gᵀ``, samples along its last dim."""
+    if beta == 0:
+        return dW
+    g_sum = gT.sum(-1, keepdim=True)
+    return torch.cat([dW, g_sum if beta == 1 else g_sum.mul_(beta)], -1)
 
 
 class _StackedForward(torch.autograd.Function):
@@ -146,11 +161,11 @@ class _StackedForward(torch.autograd.Function):
             m, n = W.shape[1], aT.shape[-2]
             if aT.dim() == 2:  # the shared input: one product for all members
                 flat = gT.reshape(M * m, N)
-                grads[0] = _with_bias_grad(flat @ X, flat.sum(1), beta).view(M, m, -1)
+                grads[0] = _with_bias_grad(flat @ X, flat, beta).view(M, m, -1)
                 if ctx.needs_input_grad[0]:
                     gX = flat.mT @ W.reshape(M * m, -1)[:, :n]
                 break
-            grads[l] = _with_bias_grad(torch.bmm(gT, aT.mT), gT.sum(2), beta)
+            grads[l] = _with_bias_grad(torch.bmm(gT, aT.mT), gT, beta)
             if l == 0:
                 if ctx.needs_input_grad[0]:
                     gX = torch.bmm(gT.mT, W[..., :n])
@@ -159,6 +174,26 @@ class _StackedForward(torch.autograd.Function):
             _activate_backward(gaT, aT, ctx.pre[l - 1], ctx.slopes[l - 1], out=gaT)
             gT = gaT
         return (gX, None, None, *grads)
+
+
+class _WeightDecay(torch.autograd.Function):
+    """``λ Σ_l ‖W_l‖²_F`` (``(M,)`` for stacked ``M x ...`` weights with λ a float or ``(M,)``; 0-d for one net)
+    as one autograd node: one dot product per layer forward, ``∂/∂W_l = 2λ·g·W_l`` backward, written with
+    differentiable ops (a double backward, as Hessian-vector products take, differentiates them)."""
+
+    @staticmethod
+    def forward(ctx, lam, *Ws):
+        ctx.save_for_backward(*Ws)
+        ctx.lam = lam
+        total = torch.linalg.vecdot(Ws[0].flatten(-2), Ws[0].flatten(-2))
+        for W in Ws[1:]:
+            total = total + torch.linalg.vecdot(W.flatten(-2), W.flatten(-2))
+        return lam * total
+
+    @staticmethod
+    def backward(ctx, g):
+        scale = (2 * ctx.lam * g)[..., None, None]
+        return (None, *(W * scale for W in ctx.saved_tensors))
 
 
 class MLP(nn.Module):
@@ -185,6 +220,7 @@ class MLP(nn.Module):
     """
 
     member_floats = ("init_scale",)  # floats that may differ in a stacked forward (init_scale is not read)
+    penalty_is_squared_norm = True  # penalty(λ) = λ‖θ‖² over `weights`, its only parameters
 
     def __init__(
         self,
@@ -265,11 +301,11 @@ class MLP(nn.Module):
 
         Stacked weights under autograd run as one node with a hand-written backward (`_StackedForward`)
         when σ is the leaky-ReLU family in float32/float64; anything else takes the plain path below."""
-        if not return_layers and self._fusable(X):
-            slopes = tuple(1.0 if l > self.depth - self.linear_tail else self.leak for l in range(1, self.depth))
-            return _StackedForward.apply(X, self.bias, slopes, *self.weights)
+        Ws = list(self.weights)
+        if not return_layers and self._fusable(X, Ws):
+            return _StackedForward.apply(X, self.bias, self._slopes(), *Ws)
         a, pre, act = X, [], [X]
-        for l, W in enumerate(self.weights, start=1):
+        for l, W in enumerate(Ws, start=1):
             z = affine(a, W, self.bias)
             pre.append(z)
             if l < self.depth:
@@ -279,11 +315,26 @@ class MLP(nn.Module):
             return Forward(pre[-1], pre, act)
         return pre[-1]
 
-    def _fusable(self, X: torch.Tensor) -> bool:
-        """Stacked ``M x ...`` weights on the CPU (the path has not run on a GPU yet: CUDA keeps the plain
-        path, which its checks cover), X ``N x d`` or ``M x N x d`` of their dtype (float32/64) and device, σ
-        leaky ReLU, a gradient to take, and no torch.func transform or torch function mode watching."""
+    def stacked_pullback(self, X: torch.Tensor):
+        """The one-node forward pass (`_StackedForward`) on stacked weights and its pullback, called directly
+        (no autograd graph; the training step chains them itself): ``(output, pullback)``, the output
+        ``M x N x d_out`` and ``pullback(G)`` the gradients of ⟨G, output⟩ with respect to `weights`
+        (``M x ...`` each; call it with gradients off). None where that path does not apply (`_one_node`)."""
         Ws = list(self.weights)
+        if not self._one_node(X, Ws):
+            return None
+        ctx = _DirectContext(3 + len(Ws))
+        out = _StackedForward.forward(ctx, X, self.bias, self._slopes(), *Ws)
+        return out, lambda g: list(_StackedForward.backward(ctx, g)[3:])
+
+    def _slopes(self) -> tuple[float, ...]:
+        """The slope a of σ after each hidden layer (1 inside the linear tail)."""
+        return tuple(1.0 if l > self.depth - self.linear_tail else self.leak for l in range(1, self.depth))
+
+    def _one_node(self, X: torch.Tensor, Ws: list[torch.Tensor]) -> bool:
+        """Stacked ``M x ...`` weights `Ws` on the CPU (the path has not run on a GPU yet: CUDA keeps the plain
+        path, which its checks cover), X ``N x d`` or ``M x N x d`` of their dtype (float32/64) and device, σ
+        leaky ReLU, and no torch.func transform or torch function mode watching."""
         W0 = Ws[0]
         return (
             self.activation == "leaky_relu"
@@ -293,9 +344,13 @@ class MLP(nn.Module):
             and (X.dim() == 2 or X.shape[0] == W0.shape[0])
             and X.dtype in (torch.float32, torch.float64)
             and all(W.dim() == 3 and W.dtype == X.dtype and W.device == X.device for W in Ws)
-            and torch.is_grad_enabled()
-            and (X.requires_grad or any(W.requires_grad for W in Ws))
             and not _watched()
+        )
+
+    def _fusable(self, X: torch.Tensor, Ws: list[torch.Tensor]) -> bool:
+        """`_one_node`, with a gradient to take."""
+        return (
+            torch.is_grad_enabled() and (X.requires_grad or any(W.requires_grad for W in Ws)) and self._one_node(X, Ws)
         )
 
     # ------------------------------------------------------------------------------ parameters
@@ -317,11 +372,15 @@ class MLP(nn.Module):
 
     def sq_norm(self) -> torch.Tensor:
         """‖θ‖² = Σ_l ‖W_l‖²_F including the bias columns (per member for stacked weights)."""
-        return torch.stack([(W**2).sum((-2, -1)) for W in self.weights]).sum(0)
+        return self.penalty(1.0)
 
-    def penalty(self, lam: float) -> torch.Tensor:
-        """L2 penalty λ‖θ‖² of Parts 2-3 (the loss is C + λ‖θ‖²)."""
-        return lam * self.sq_norm()
+    def penalty(self, lam) -> torch.Tensor:
+        """L2 penalty λ‖θ‖² of Parts 2-3 (the loss is C + λ‖θ‖²); λ a float, or ``(M,)`` for stacked weights.
+        One autograd node (`_WeightDecay`) unless a torch.func transform or torch function mode watches."""
+        Ws = list(self.weights)
+        if _watched():
+            return lam * torch.stack([(W**2).sum((-2, -1)) for W in Ws]).sum(0)
+        return _WeightDecay.apply(lam, *Ws)
 
     def extra_repr(self) -> str:
         return (
