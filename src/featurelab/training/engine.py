@@ -216,7 +216,7 @@ class _Run:
         power = phase.norm_power
         if power is None:
             power = self.models[0].depth - 2 if isinstance(self.models[0], Deep) else 0
-        return torch.clamp(lr0 / member_norm(self.stack.params.values()) ** power, min=lr_min)
+        return torch.clamp(lr0 / member_norm(self.stack.flat) ** power, min=lr_min)
 
     def batch_indices(self, phase: Phase, step: int) -> torch.Tensor | None:
         """Mini-batch indices of global `step`: (B,) shared by the members, (M, B), or None (full batch)."""
@@ -236,11 +236,12 @@ class _Run:
     def log(self, step: int, phase_idx: int, lr: torch.Tensor | None) -> None:
         """One history row per member (`evaluate`), its ``on_log`` callbacks; a non-finite loss fails it."""
         now = time.perf_counter() - self.t0
+        metrics = self.evaluate_members()
         for i, m in enumerate(self.models):
             if self.errors[i] is not None:
                 continue
             row = {"step": step, "phase": phase_idx, "lr": float(lr[i]) if lr is not None else float("nan")}
-            row.update(evaluate(m, self.ds[i], self.cfgs[i]))
+            row.update(metrics[i])
             if self.log_capped:
                 row["capped_steps"] = int(self.capped[i])
             row["seconds"] = now
@@ -253,6 +254,46 @@ class _Run:
                     f"training diverged at step {step} (loss {row['loss']}); lower the learning rate "
                     f"(phase {phase_idx}: lr={self.cfgs[i].phases[phase_idx].lr}) or set guard_window"
                 )
+
+    @torch.no_grad()
+    def evaluate_members(self) -> list[dict[str, float]]:
+        """`evaluate`'s metrics per member (empty for a failed one); natively stacked members from one
+        stacked pass (the same numbers to rounding: the batched products sum in another order)."""
+        if self.M == 1 or not self.losses.native:
+            return [
+                evaluate(m, d, c) if e is None else {}
+                for m, d, c, e in zip(self.models, self.ds, self.cfgs, self.errors)
+            ]
+        objective, dtype = self.cfg0.objective, self.stack.dtype
+        stacked = self.losses.stacked_objective()
+        model = stacked.model
+        lams = torch.tensor([c.lam for c in self.cfgs], dtype=dtype, device=self.dev)
+        with stacked.floats(self.losses.fl):
+            out = model(self.X)
+            cost = data_cost(objective, out, self.Y)
+            pen = torch.where(lams > 0, cast(Trainable, model).penalty(lams), 0.0)
+            cols = {
+                "loss": cost + pen,
+                "cost": cost,
+                "penalty": pen,
+                "train_error": error_rate(objective, out, self.Y),
+                "param_norm": member_norm(self.stack.flat),
+            }
+            if len(self.ds[0].X_test):
+                shared = self.losses.shared_data
+                Xt = self.ds[0].X_test if shared else torch.stack([d.X_test for d in self.ds])
+                Yt = self.ds[0].Y_test if shared else torch.stack([d.Y_test for d in self.ds])
+                out_t = model(Xt)
+                cols.update(test_cost=data_cost(objective, out_t, Yt), test_error=error_rate(objective, out_t, Yt))
+        rows = [dict(zip(cols, values)) for values in zip(*(c.tolist() for c in cols.values()))]
+        k = self.cfg0.top_singular_values
+        finite = [i for i, row in enumerate(rows) if math.isfinite(row["loss"])]
+        if k and isinstance(model, LayerSpectra) and finite:
+            layers = zip(*(cast(LayerSpectra, self.models[i]).layer_matrices() for i in finite))
+            for l, mats in enumerate(layers, start=1):
+                for i, s in zip(finite, torch.linalg.svdvals(torch.stack(mats).double()).tolist()):
+                    rows[i].update({f"sv{l}_{j + 1}": s[j] for j in range(min(k, len(s)))})
+        return [row if e is None else {} for row, e in zip(rows, self.errors)]
 
     def member_state(self, i: int, step: int, finished: bool) -> dict:
         """Member i's run state at `step`, as its checkpoint records it and a hand-over passes it on."""
@@ -277,7 +318,7 @@ class _Run:
                 continue
             opt = phase_run.lbfgs if phase_run is not None else None
             if phase_run is not None and opt is None:
-                opt = optim.torch_optimizer(phase_run.phase, m, phase_run.opt_state, i)
+                opt = optim.torch_optimizer(phase_run.phase, self.stack, phase_run.opt_state, i)
             guard = phase_run.guard_tensors(i) if phase_run is not None else {}
             save_checkpoint(d, m, opt, self.member_state(i, step, finished), guard)
 
@@ -348,15 +389,13 @@ class _PhaseRun:
         """Forward, backward, trust region and update; returns (lr (M,), loss (M,))."""
         r, phase = self.r, self.phase
         lr = r.schedule(phase, k, self.lr0, self.lr_min) * r.lr_scale
-        r.stack.zero_grad()
-        loss = torch.add(*r.losses(r.X, r.Y, idx))
-        loss.sum().backward()
+        cost, pen, grad = r.losses.value_and_grad(r.X, r.Y, idx)
         with torch.no_grad():
+            loss = cost + pen
             if phase.max_step is not None:  # trust region ‖Δθ_i‖ <= max_step·‖θ_i‖, per member
-                theta, grad = member_norm(r.stack.params.values()), member_norm(r.stack.grads().values())
-                lr, cut = trust_region(lr, phase.max_step, theta, grad)
+                lr, cut = trust_region(lr, phase.max_step, member_norm(r.stack.flat), member_norm(grad))
                 r.capped.add_(cut.long())
-            optim.update(phase, r.stack, self.opt_state, lr)
+            optim.update(phase, r.stack, self.opt_state, lr, host=r.dev.type == "cpu" and self.replayer is None)
         return lr, loss
 
     def batch(self, step: int) -> torch.Tensor | None:

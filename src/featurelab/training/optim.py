@@ -8,19 +8,15 @@ time).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from .phases import Phase
 from .stack import Stack
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
+# a step count past which Adam's bias corrections are exactly 1 in float64 (from 36,314 on)
+ADAM_FULL_CORRECTION = 40_000
 LBFGS_LINE_SEARCH = 25  # function evaluations one L-BFGS line search may spend (torch's max_ls default)
 LBFGS_TOLERANCE = 1e-15  # stop when g·d or a loss change falls below it (torch's 1e-9 stops float64 early)
-
-
-def _per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A per-member (M,) tensor in `like`'s dtype, shaped to broadcast against the stacked `like`."""
-    return values.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
 
 
 def trust_region(lr, max_step: float, theta_norm: torch.Tensor, grad_norm: torch.Tensor):
@@ -32,45 +28,85 @@ def trust_region(lr, max_step: float, theta_norm: torch.Tensor, grad_norm: torch
     return torch.where(cut, cap, lr), cut
 
 
-def update(phase: Phase, stack: Stack, state: dict, lr: torch.Tensor) -> None:
-    """One optimizer step on the stacked parameters with torch.optim's formulas, per-member lr, and
-    per-member step counts ``state["count"]`` (0: the member's optimizer starts afresh, as after the guard;
-    ``state["fresh"]`` says whether any may). Every state tensor is updated in place (a captured CUDA
-    graph replays on the same memory)."""
+def update(phase: Phase, stack: Stack, state: dict, lr: torch.Tensor, host: bool = False) -> None:
+    """One optimizer step on the stacked parameters `Stack.flat` from the gathered gradients `Stack.grad`
+    (``M x P``) with torch.optim's formulas, per-member lr ``(M,)``, and per-member step counts
+    ``state["count"]`` (0: the member's optimizer starts afresh, as after the guard; ``state["fresh"]`` says
+    whether any may). The optimizer's buffers are ``M x P`` like `Stack.flat`; every state tensor is
+    updated in place (a captured CUDA graph replays on the same memory). host: lr and the counts may be
+    read on the host (the CPU, outside a captured step), where members of one lr and one count take
+    torch.optim's own scalar arithmetic."""
     count = state["count"].add_(1)
-    fresh = (count == 1) if state.get("fresh", True) else None
+    fresh = (count == 1)[:, None] if state.get("fresh", True) else None
     state["fresh"] = False
-    if phase.optimizer == "adam":  # torch.optim.adam._single_tensor_adam, bias corrections per member
-        b1, b2 = ADAM_BETAS
-        c = count.double()
-        step_size, bc2_sqrt = (lr / (1 - b1**c)).to(stack.dtype), ((1 - b2**c) ** 0.5).to(stack.dtype)
-    for (name, p), g in zip(stack.params.items(), stack.grads().values()):
-        st = state.setdefault(name, {})
-        shape = (-1, *([1] * (p.dim() - 1)))
-        mask = fresh.reshape(shape) if fresh is not None else None
-        if phase.optimizer == "adam":
-            m_, v_ = (st.setdefault(k, torch.zeros_like(p)) for k in ("exp_avg", "exp_avg_sq"))
-            if mask is not None:
-                m_.masked_fill_(mask, 0.0)
-                v_.masked_fill_(mask, 0.0)
-            m_.lerp_(g, 1 - b1)
-            v_.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v_.sqrt() / bc2_sqrt.reshape(shape)).add_(ADAM_EPS)
-            p.addcdiv_(step_size.reshape(shape) * m_, denom, value=-1)
-        else:  # torch.optim.sgd._single_tensor_sgd (no dampening, no nesterov)
-            if phase.momentum:
-                if "momentum_buffer" not in st:
-                    st["momentum_buffer"] = g.clone()
-                else:
-                    buf = st["momentum_buffer"].mul_(phase.momentum).add_(g)
-                    if mask is not None:
-                        buf.copy_(torch.where(mask, g, buf))
-                g = st["momentum_buffer"]
-            p.add_(-_per_member(lr, p) * g)
+    if phase.optimizer == "adam":
+        _adam(stack, state, count, lr, fresh, phase.steps, host)
+    else:
+        _sgd(stack, state, lr, phase.momentum, fresh)
 
 
-def torch_optimizer(phase: Phase, model: nn.Module, state: dict, i: int):
+def _buffer(state: dict, key: str, like: torch.Tensor) -> torch.Tensor:
+    if key not in state:
+        state[key] = torch.zeros_like(like)
+    return state[key]
+
+
+def adam_corrections(steps: int, device: torch.device) -> torch.Tensor:
+    """Adam's bias corrections by step count c = 0..min(steps, `ADAM_FULL_CORRECTION`), float64 rows
+    ``[1/(1 - β₁ᶜ), √(1 - β₂ᶜ)]`` (row 0 unused): a step looks its members' up in one op."""
+    b1, b2 = ADAM_BETAS
+    c = torch.arange(min(steps, ADAM_FULL_CORRECTION) + 1, dtype=torch.float64, device=device)
+    return torch.stack([1 / (1 - b1**c), (1 - b2**c) ** 0.5], 1)
+
+
+def _adam(
+    stack: Stack, state: dict, count: torch.Tensor, lr: torch.Tensor, fresh: torch.Tensor | None, steps: int, host: bool
+) -> None:
+    """torch.optim.adam._single_tensor_adam with its bias corrections per member (of their step counts): as
+    Python floats where `host` and the members share lr and count, else looked up in `adam_corrections`
+    (the denominator ``√v/√(1 - β₂ᶜ) + ε`` then in one pass, addcdiv)."""
+    b1, b2 = ADAM_BETAS
+    p, g = stack.flat, stack.grad
+    m, v = _buffer(state, "exp_avg", p), _buffer(state, "exp_avg_sq", p)
+    if fresh is not None:
+        m.masked_fill_(fresh, 0.0)
+        v.masked_fill_(fresh, 0.0)
+    m.lerp_(g, 1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    counts, rates = (count.tolist(), lr.tolist()) if host else ([], [])
+    if len(set(counts)) == len(set(rates)) == 1:
+        c, rate = counts[0], rates[0]
+        denom = (v.sqrt() / (1 - b2**c) ** 0.5).add_(ADAM_EPS)
+        p.addcdiv_(m, denom, value=-rate / (1 - b1**c))
+        return
+    if "corrections" not in state:
+        state["corrections"] = adam_corrections(steps, p.device)
+    table = state["corrections"]
+    rows = table[count if len(table) > steps else count.clamp(max=len(table) - 1)]  # (M, 2)
+    rows[:, 0] *= lr  # step size lr/(1 - β₁ᶜ)
+    step_size, bc2_sqrt = rows.to(p.dtype).unsqueeze(-1).unbind(1)
+    denom = v.sqrt()
+    torch.addcdiv(p.new_full((), ADAM_EPS), denom, bc2_sqrt, out=denom)
+    p.addcdiv_(step_size * m, denom, value=-1)
+
+
+def _sgd(stack: Stack, state: dict, lr: torch.Tensor, momentum: float, fresh: torch.Tensor | None) -> None:
+    """torch.optim.sgd._single_tensor_sgd (no dampening, no nesterov)."""
+    p, g = stack.flat, stack.grad
+    if momentum:
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = g.clone()
+        else:
+            buf = state["momentum_buffer"].mul_(momentum).add_(g)
+            if fresh is not None:
+                buf.copy_(torch.where(fresh, g, buf))
+        g = state["momentum_buffer"]
+    p.addcmul_(g, lr.to(p.dtype)[:, None], value=-1)
+
+
+def torch_optimizer(phase: Phase, stack: Stack, state: dict, i: int):
     """Member i's optimizer state as the torch optimizer of its phase would hold it (for its checkpoint)."""
+    model = stack.models[i]
     params = [p for p in model.parameters() if p.requires_grad]
     if phase.optimizer == "adam":
         opt = torch.optim.Adam(params, lr=phase.lr)
@@ -79,29 +115,24 @@ def torch_optimizer(phase: Phase, model: nn.Module, state: dict, i: int):
     count = int(state["count"][i])
     if count == 0:
         return opt
-    names = [k for k, p in model.named_parameters() if p.requires_grad]
-    for name, p in zip(names, params):
-        st = state.get(name, {})
+    keys = ("exp_avg", "exp_avg_sq") if phase.optimizer == "adam" else ("momentum_buffer",)
+    views = {key: stack.split(state[key]) for key in keys if key in state}
+    for name, p in zip(stack.shapes, params):
         if phase.optimizer == "adam":
-            opt.state[p] = {
-                "step": torch.tensor(float(count)),
-                "exp_avg": st["exp_avg"][i].clone(),
-                "exp_avg_sq": st["exp_avg_sq"][i].clone(),
-            }
-        elif "momentum_buffer" in st:
-            opt.state[p] = {"momentum_buffer": st["momentum_buffer"][i].clone()}
+            opt.state[p] = {"step": torch.tensor(float(count)), **{k: v[name][i].clone() for k, v in views.items()}}
+        elif views:
+            opt.state[p] = {"momentum_buffer": views["momentum_buffer"][name][i].clone()}
     return opt
 
 
 def restore_state(phase: Phase, stack: Stack, state: dict, i: int, tensors: dict) -> None:
     """Member i's optimizer state from its checkpoint's tensors (the inverse of `torch_optimizer`)."""
-    for j, (name, p) in enumerate(stack.params.items()):
-        st = state.setdefault(name, {})
-        keys = ("exp_avg", "exp_avg_sq") if phase.optimizer == "adam" else ("momentum_buffer",)
+    keys = ("exp_avg", "exp_avg_sq") if phase.optimizer == "adam" else ("momentum_buffer",)
+    for j, name in enumerate(stack.shapes):
         for key in keys:
             saved = tensors.get(f"optim.{j}.{key}")
             if saved is not None:
-                st.setdefault(key, torch.zeros_like(p))[i] = saved.to(p)
+                stack.split(_buffer(state, key, stack.flat))[name][i] = saved.to(stack.flat)
         step = tensors.get(f"optim.{j}.step")
         if step is not None or f"optim.{j}.momentum_buffer" in tensors:
             state["count"][i] = int(step) if step is not None else 1

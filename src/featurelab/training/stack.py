@@ -1,16 +1,20 @@
-"""The members of a run as one computation: their trainable parameters stacked along a leading member
-axis (``M x ...``) and their per-member loss ``(cost, penalty)``, each ``(M,)``.
+"""The members of a run as one computation: their trainable parameters in one ``M x P`` buffer (member i's
+in row i), viewed as ``M x ...`` tensors stacked along a leading member axis, and their per-member loss
+``(cost, penalty)``, each ``(M,)``, with the gradient a training step takes.
 
 Models that implement `Stackable` (`MLP`, `LeakyResNet`, `HomogeneousNet`) run one forward pass on the
-stacked tensors (batched matmuls: M runs cost about M times the FLOPs in one set of kernel launches);
-other models are vmapped (``torch.func.functional_call`` + ``torch.func.vmap``); a single run calls the
-model itself. Each member's own module keeps views into the stacks, so it always shows its current
-values (for `evaluate`, callbacks, ``adapt_steps`` and saving).
+stacked tensors (batched matmuls: M runs cost about M times the FLOPs in one set of kernel launches),
+through a twin of the first member's module that holds them; other models are vmapped
+(``torch.func.functional_call`` + ``torch.func.vmap``); a single run calls the model itself. Each
+member's own module keeps views into the stacks, so it always shows its current values (for `evaluate`,
+callbacks, ``adapt_steps`` and saving).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from typing import ClassVar, Protocol, cast, runtime_checkable
 
 import torch
@@ -18,7 +22,8 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from ..data.dataset import Dataset
-from .objectives import data_cost
+from ..errors import FeaturelabError
+from .objectives import PULLBACKS, cost_pullback, data_cost
 from .phases import TrainConfig
 
 
@@ -37,9 +42,29 @@ class Stackable(Protocol):
     """Models whose ``forward`` and ``penalty`` accept every parameter and buffer with a leading member
     axis ``M`` (inputs ``N x d`` shared, or ``M x N x d``; outputs ``M x N x d_out``; penalties ``(M,)``,
     with λ a float or an ``(M,)`` tensor). `member_floats`: the float attributes that may differ between
-    members; they are passed as ``(M,)`` tensors."""
+    members; they are passed as ``(M,)`` tensors. A class whose ``penalty(λ)`` is λ‖θ‖² over all its
+    parameters may say so with ``penalty_is_squared_norm = True`` (`squared_norm_penalty`)."""
 
     member_floats: ClassVar[tuple[str, ...]]
+
+
+@runtime_checkable
+class StackedPullback(Protocol):
+    """Stackable models that give their stacked forward pass with its pullback, called directly (no autograd
+    graph): ``stacked_pullback(X)`` is ``(output, pullback)`` with ``pullback(G)`` the gradients of
+    ⟨G, output⟩ with respect to every parameter (``M x ...``, in ``named_parameters`` order), or None where
+    the model takes autograd (`Losses.pullbacks`)."""
+
+    def stacked_pullback(
+        self, X: torch.Tensor
+    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], list[torch.Tensor]]] | None: ...
+
+
+def squared_norm_penalty(model: nn.Module) -> bool:
+    """Whether `model`'s ``penalty(λ)`` is λ‖θ‖² over its parameters (its class says so with
+    ``penalty_is_squared_norm = True``) and every one of them is trained: stacked members then take the
+    penalty, and its gradient 2λθ, from `Stack.flat` (`Losses.decay_apart`)."""
+    return getattr(type(model), "penalty_is_squared_norm", False) and all(p.requires_grad for p in model.parameters())
 
 
 def float_attrs(model: nn.Module) -> dict[str, float]:
@@ -64,32 +89,66 @@ def _set_path(root: nn.Module, name: str, value) -> None:
     owner.__dict__[attr] = value
 
 
+def _twin(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """A copy of `model`'s module tree holding `tensors` (by dotted name) as its parameters and buffers. Each
+    module is copied shallowly (its plain attributes shared; its parameter, buffer and submodule dicts new),
+    so `model` keeps its own tensors."""
+
+    def shell(module: nn.Module) -> nn.Module:
+        twin = copy.copy(module)
+        twin._parameters, twin._buffers = dict(module._parameters), dict(module._buffers)
+        twin._modules = {k: shell(m) if m is not None else None for k, m in module._modules.items()}
+        return twin
+
+    root = shell(model)
+    for name, t in tensors.items():
+        owner, attr = _owner(root, name)
+        slots = owner._parameters if attr in owner._parameters else owner._buffers
+        slots[attr] = cast(nn.Parameter, t)  # a stacked leaf or view, as functional_call would set it
+    return root
+
+
 class _Objective(nn.Module):
-    """``(cost, penalty)`` of the members, for `functional_call` (stacked, or one member under `vmap`);
-    the float attributes `float_names` (e.g. L̃) are set to the values passed in for the call."""
+    """``(cost, penalty)`` of the members (of a stacked twin, or of one member under `functional_call` and
+    `vmap`); the float attributes `float_names` (e.g. L̃) are set to the values passed in for the call."""
 
     def __init__(self, model: nn.Module, objective: str, float_names: list[str]):
         super().__init__()
         self.model, self.objective, self.float_names = model, objective, float_names
 
-    def forward(self, X, Y, lam, floats):
+    @contextmanager
+    def floats(self, floats):
+        """The float attributes `float_names` set to `floats` inside, restored after."""
         saved = {k: vars(owner)[attr] for k in self.float_names for owner, attr in [_owner(self.model, k)]}
         try:
             for k, v in zip(self.float_names, floats):
                 _set_path(self.model, k, v)
-            cost = data_cost(self.objective, self.model(X), Y)
-            pen = cast(Trainable, self.model).penalty(lam) if lam is not None else torch.zeros_like(cost)
-            return cost, pen
+            yield
         finally:
             for k, v in saved.items():
                 _set_path(self.model, k, v)
 
+    def forward(self, X, Y, lam, floats):
+        """``(cost, penalty)``; the penalty is zeros when `lam` is None."""
+        with self.floats(floats):
+            cost = data_cost(self.objective, self.model(X), Y)
+            pen = cast(Trainable, self.model).penalty(lam) if lam is not None else torch.zeros_like(cost)
+        return cost, pen
+
+    def cost(self, X, Y, floats) -> torch.Tensor:
+        """The cost alone."""
+        with self.floats(floats):
+            return data_cost(self.objective, self.model(X), Y)
+
 
 class Stack:
-    """The members' trainable parameters as ``M x ...`` tensors (`params`, updated in place) and the
-    leaves autograd differentiates (`leaves`). One member: the leaves are the model's own parameters and
-    `params` are ``1 x ...`` views of them. Several: the leaves are the stacks, each member's module
-    holds views into them (and into the stacked buffers)."""
+    """The members' trainable parameters as one ``M x P`` buffer `flat` (member i's parameters, flattened in
+    ``named_parameters`` order, in row i) and their gradients in `grad` of the same layout, so an optimizer
+    step is a few ops on `flat` with per-member ``(M, 1)`` coefficients (`featurelab.training.optim`).
+    `params` are the parameters' ``M x ...`` views of `flat` (updated in place); `leaves` the tensors
+    autograd differentiates. One member: the leaves are the model's own parameters, their values moved
+    into `flat`. Several: the leaves are the ``M x ...`` views, each member's module holds views into them
+    (and into the stacked buffers). `backward` and `gather_grad` fill `grad`."""
 
     def __init__(self, models: Sequence[nn.Module]):
         self.models = models
@@ -99,16 +158,29 @@ class Stack:
         """(Re)stack from the members' current tensors (after a dtype change, say) and bind the views."""
         first = self.models[0]
         names = [k for k, p in first.named_parameters() if p.requires_grad]
+        if len({first.get_parameter(k).dtype for k in names}) > 1:
+            raise FeaturelabError(f"{type(first).__name__}'s trainable parameters differ in dtype; give them one")
+        with torch.no_grad():
+            self.flat = torch.stack(
+                [torch.cat([m.get_parameter(k).detach().reshape(-1) for k in names]) for m in self.models]
+            )
+        self.grad = torch.zeros_like(self.flat)
+        self.ones = self.flat.new_ones(len(self.models))  # each member's loss seeds its own gradient
+        self.shapes = {k: first.get_parameter(k).shape for k in names}
+        self.params = self.split(self.flat)
         if len(self.models) == 1:
             self.leaves = {k: first.get_parameter(k) for k in names}
-            self.params = {k: p.detach().unsqueeze(0) for k, p in self.leaves.items()}
+            for k, p in self.leaves.items():
+                p.data = self.params[k][0]
             self.buffers = {}
             return
+        self.leaves = {k: t.detach().requires_grad_(True) for k, t in self.params.items()}
+        self._bind_members()
+
+    def _bind_members(self) -> None:
+        """Stack the members' frozen parameters and buffers; point each member's tensors at its views."""
+        first = self.models[0]
         with torch.no_grad():
-            self.leaves = {
-                k: torch.stack([m.get_parameter(k).detach() for m in self.models]).requires_grad_(True) for k in names
-            }
-            self.params = {k: t.detach() for k, t in self.leaves.items()}
             frozen = [k for k, p in first.named_parameters() if not p.requires_grad]
             self.buffers = {k: torch.stack([m.get_parameter(k).detach() for m in self.models]) for k in frozen}
             self.buffers.update(
@@ -124,10 +196,27 @@ class Stack:
                 else:
                     owner._buffers[attr] = t[i]
 
-    def grads(self) -> dict[str, torch.Tensor]:
-        """``M x ...`` gradients (zeros for a parameter the loss does not reach)."""
-        grads = {k: p.grad if p.grad is not None else torch.zeros_like(p) for k, p in self.leaves.items()}
-        return {k: g.unsqueeze(0) for k, g in grads.items()} if len(self.models) == 1 else grads
+    def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The parameters' ``M x ...`` views of an ``M x P`` tensor laid out like `flat`."""
+        out, start = {}, 0
+        for k, shape in self.shapes.items():
+            n = shape.numel()
+            out[k] = flat[:, start : start + n].view(-1, *shape)
+            start += n
+        return out
+
+    def backward(self, *losses: torch.Tensor) -> torch.Tensor:
+        """Backpropagate the members' ``(M,)`` `losses` (those that need a gradient; each member's own) and
+        gather the gradients into `grad` (`gather_grad`); returns it."""
+        seeds = [t for t in losses if t.requires_grad]
+        self.zero_grad()
+        torch.autograd.backward(seeds, [self.ones] * len(seeds))
+        return self.gather_grad()
+
+    def gather_grad(self) -> torch.Tensor:
+        """The leaves' gradients (zeros where the loss does not reach one) copied into `grad`; returns it."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.leaves.values()]
+        return torch.cat([g.reshape(len(self.models), -1) for g in grads], 1, out=self.grad)
 
     def zero_grad(self) -> None:
         for p in self.leaves.values():
@@ -135,12 +224,12 @@ class Stack:
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(iter(self.params.values())).dtype
+        return self.flat.dtype
 
 
-def member_norm(tensors) -> torch.Tensor:
-    """(M,) float64: each member's ‖·‖ over the stacked ``M x ...`` `tensors`."""
-    return torch.linalg.vector_norm(torch.cat([t.detach().flatten(1) for t in tensors], 1), dim=1).double()
+def member_norm(flat: torch.Tensor) -> torch.Tensor:
+    """(M,) float64: each member's ‖·‖ over a ``M x P`` tensor laid out like `Stack.flat`."""
+    return torch.linalg.vector_norm(flat, dim=1).double()
 
 
 def _same_data(a: Dataset, b: Dataset) -> bool:
@@ -150,7 +239,13 @@ def _same_data(a: Dataset, b: Dataset) -> bool:
 class Losses:
     """The members' data on the device and their loss: ``losses(X, Y, idx)`` is ``(cost, penalty)``, each
     ``(M,)``, for the stacked training data `X`, `Y` (shared ``N x d``, or ``M x N x d``) at the mini-batch
-    indices `idx` (``(B,)`` shared, ``(M, B)`` per member, or None for the full batch)."""
+    indices `idx` (``(B,)`` shared, ``(M, B)`` per member, or None for the full batch); `value_and_grad`
+    adds the gradient a training step takes.
+
+    Two shortcuts for stacked members: `decay_apart`, a penalty λ‖θ‖² (`squared_norm_penalty`) taken as
+    λ‖`Stack.flat`‖² with its gradient 2λθ added directly (two ops on the flat parameters instead of a pass
+    per layer and its backward); `pullbacks`, a model and objective that give their pullbacks
+    (`StackedPullback`, `objectives.cost_pullback`), chained by hand without an autograd graph."""
 
     def __init__(self, stack: Stack, datas: list[Dataset], cfgs: list[TrainConfig], device: torch.device):
         models, M = stack.models, len(stack.models)
@@ -161,11 +256,41 @@ class Losses:
             torch.tensor([a[k] for a in attrs], dtype=torch.float64, device=device) for k in float_names
         ]
         self.native = isinstance(models[0], Stackable) and all(k in type(models[0]).member_floats for k in float_names)
+        self.float_names = float_names
         self.objective = _Objective(models[0], self.cfg0.objective, float_names)
         self.lams = torch.tensor([c.lam for c in cfgs], dtype=torch.float64, device=device)
         self.use_penalty = any(c.lam > 0 for c in cfgs)
         self.shared_data = all(_same_data(d, datas[0]) for d in datas[1:])
         self.shared_batches = self.shared_data and all(c.seed == self.cfg0.seed for c in cfgs)
+        self.decay_apart = M > 1 and self.native and self.use_penalty and squared_norm_penalty(models[0])
+        self.pullbacks = (
+            M > 1
+            and self.native
+            and isinstance(models[0], StackedPullback)
+            and all(p.requires_grad for p in models[0].parameters())
+            and self.cfg0.objective in PULLBACKS
+            and (self.decay_apart or not self.use_penalty)
+        )
+        self.bound_to: torch.Tensor | None = None
+
+    def _bind(self) -> None:
+        """Bind to the stack's current tensors (again after `Stack.build`): the member floats and λ in its
+        dtype and, for natively stacked models, a twin of the first model holding the stacked tensors."""
+        stack = self.stack
+        self.bound_to = stack.flat
+        self.fl = [v.to(stack.dtype) for v in self.float_values]
+        self.lam = self.lams.to(stack.dtype) if self.use_penalty else None
+        self.decay = 2 * self.lam[:, None] if self.decay_apart and self.lam is not None else None  # ∂(λ‖θ‖²)/∂θ
+        self.state = {f"model.{k}": v for k, v in {**stack.leaves, **stack.buffers}.items()}
+        twin = _twin(stack.models[0], {**stack.leaves, **stack.buffers}) if self.native else None
+        self.stacked = _Objective(twin, self.cfg0.objective, self.float_names) if twin is not None else self.objective
+
+    def stacked_objective(self) -> _Objective:
+        """Bound to the stack's current tensors: the objective of the twin holding them (natively stacked
+        members), or of the first member's module (vmapped)."""
+        if self.bound_to is not self.stack.flat:
+            self._bind()
+        return self.stacked
 
     def data_on(self, dtype: torch.dtype) -> tuple[list[Dataset], torch.Tensor, torch.Tensor]:
         """(per-member datasets, X, Y) in `dtype` on the device; X, Y shared or stacked."""
@@ -174,23 +299,31 @@ class Losses:
         Y = ds[0].Y_train if self.shared_data else torch.stack([d.Y_train for d in ds])
         return (ds * self.M if self.shared_data else ds), X, Y
 
-    def __call__(self, X, Y, idx) -> tuple[torch.Tensor, torch.Tensor]:
-        if idx is not None and self.shared_data:  # (B,) -> B x d, or (M, B) -> M x B x d
-            X, Y = X[idx], Y[idx]
-        elif idx is not None:
+    def _rows(self, X, Y, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mini-batch's rows: ``(B,)`` -> ``B x d``, or ``(M, B)`` -> ``M x B x d``."""
+        if idx is not None and self.shared_data:
+            return X[idx], Y[idx]
+        if idx is not None:
             rows = torch.arange(self.M, device=self.dev)[:, None]
-            X, Y = X[rows, idx], Y[rows, idx]
-        stack = self.stack
+            return X[rows, idx], Y[rows, idx]
+        return X, Y
+
+    def __call__(self, X, Y, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._parts(*self._rows(X, Y, idx), idx, apart=False)
+
+    def _parts(self, X, Y, idx, apart: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cost, penalty)`` on the batch's rows; `apart`: the penalty of `decay_apart` outside autograd."""
         if self.M == 1:
-            m = stack.models[0]
+            m = self.stack.models[0]
             cost = data_cost(self.cfg0.objective, m(X), Y)
             pen = cast(Trainable, m).penalty(self.cfg0.lam) if self.use_penalty else torch.zeros_like(cost)
             return cost[None], pen[None]
-        state = {f"model.{k}": v for k, v in {**stack.leaves, **stack.buffers}.items()}
-        fl = [v.to(stack.dtype) for v in self.float_values]
-        lam = self.lams.to(stack.dtype) if self.use_penalty else None
+        stacked = self.stacked_objective()
+        state, fl, lam = self.state, self.fl, self.lam
+        if apart and self.decay_apart:
+            return stacked.cost(X, Y, fl), self._decay_penalty()
         if self.native:
-            return functional_call(self.objective, state, (X, Y, lam, fl))
+            return stacked(X, Y, lam, fl)
 
         def one(st, X, Y, lam, fl):
             return functional_call(self.objective, st, (X, Y, lam, fl))
@@ -198,3 +331,37 @@ class Losses:
         data_dim = 0 if (idx is not None and idx.dim() == 2) or not self.shared_data else None
         in_dims = (0, data_dim, data_dim, 0 if lam is not None else None, [0] * len(fl))
         return vmap(one, in_dims=in_dims)(state, X, Y, lam, fl)
+
+    def _decay_penalty(self) -> torch.Tensor:
+        """λ‖θ‖² per member from `Stack.flat` (`decay_apart`)."""
+        return cast(torch.Tensor, self.lam) * torch.linalg.vecdot(self.stack.flat, self.stack.flat)
+
+    def value_and_grad(self, X, Y, idx) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(cost, penalty, gradient)``: the members' loss parts ``(M,)`` and, in `Stack.grad` (``M x P``),
+        the gradient of each member's loss; by hand where `pullbacks`, else by autograd."""
+        X, Y = self._rows(X, Y, idx)
+        chained = self._chained(X, Y) if self.pullbacks else None
+        if chained is None:
+            cost, pen = self._parts(X, Y, idx, apart=True)
+            grad = self.stack.backward(cost, pen)
+        else:
+            cost, pen, grad = chained
+        if self.decay_apart:
+            with torch.no_grad():
+                grad.addcmul_(self.stack.flat, cast(torch.Tensor, self.decay))
+        return cost, pen, grad
+
+    def _chained(self, X, Y) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """`value_and_grad`'s parts from the model's and the objective's pullbacks, chained without an
+        autograd graph (the penalty's gradient not yet added); None where the model's does not apply."""
+        stack, stacked = self.stack, self.stacked_objective()
+        with torch.no_grad(), stacked.floats(self.fl):
+            forward = cast(StackedPullback, stacked.model).stacked_pullback(X)
+            if forward is None:
+                return None
+            out, model_back = forward
+            cost, cost_back = cast(tuple, cost_pullback(self.cfg0.objective, out, Y))  # `pullbacks` has its objective
+            grads = model_back(cost_back(stack.ones))
+            torch.cat([g.reshape(self.M, -1) for g in grads], 1, out=stack.grad)
+            pen = self._decay_penalty() if self.decay_apart else torch.zeros_like(cost)
+        return cost, pen, stack.grad
