@@ -299,11 +299,14 @@ class MLP(nn.Module):
         ``output`` (= ``pre[-1]``), ``pre = [Z_1, ..., Z_L]`` (``pre[l-1]`` is ``N x n_l``) and
         ``act = [Zσ_0 = X, Zσ_1, ..., Zσ_{L-1}]`` (activations without the bias column).
 
-        Stacked weights under autograd run as one node with a hand-written backward (`_StackedForward`)
-        when σ is the leaky-ReLU family in float32/float64; anything else takes the plain path below."""
+        Stacked weights run as one node with a hand-written backward (`_StackedForward`) when σ is the
+        leaky-ReLU family in float32/float64 (its forward alone, with samples as columns, where there is no
+        gradient to take); anything else takes the plain path below."""
         Ws = list(self.weights)
-        if not return_layers and self._fusable(X, Ws):
-            return _StackedForward.apply(X, self.bias, self._slopes(), *Ws)
+        if not return_layers and self._one_node(X, Ws):
+            if torch.is_grad_enabled() and (X.requires_grad or any(W.requires_grad for W in Ws)):
+                return _StackedForward.apply(X, self.bias, self._slopes(), *Ws)
+            return _StackedForward.forward(_DirectContext(3 + len(Ws)), X, self.bias, self._slopes(), *Ws)
         a, pre, act = X, [], [X]
         for l, W in enumerate(Ws, start=1):
             z = affine(a, W, self.bias)
@@ -345,12 +348,6 @@ class MLP(nn.Module):
             and X.dtype in (torch.float32, torch.float64)
             and all(W.dim() == 3 and W.dtype == X.dtype and W.device == X.device for W in Ws)
             and not _watched()
-        )
-
-    def _fusable(self, X: torch.Tensor, Ws: list[torch.Tensor]) -> bool:
-        """`_one_node`, with a gradient to take."""
-        return (
-            torch.is_grad_enabled() and (X.requires_grad or any(W.requires_grad for W in Ws)) and self._one_node(X, Ws)
         )
 
     # ------------------------------------------------------------------------------ parameters

@@ -134,7 +134,7 @@ def error_rate(objective: str, out: torch.Tensor, Y: torch.Tensor) -> torch.Tens
         y = Y.to(out.dtype).reshape(f.shape if Y.numel() == f.numel() else f.shape[-1:])
         return (torch.sign(f) != y).to(out.dtype).mean(-1)
     if Y.dtype in (torch.int64, torch.int32):
-        return (out.argmax(dim=-1) != Y).to(out.dtype).mean(-1)
+        return (out.contiguous().argmax(dim=-1) != Y).to(out.dtype).mean(-1)  # argmax on strided classes is slow
 
     def total(t: torch.Tensor) -> torch.Tensor:
         return t.flatten(1).sum(1) if t.dim() == 3 else t.sum()

@@ -233,7 +233,9 @@ def member_norm(flat: torch.Tensor) -> torch.Tensor:
 
 
 def _same_data(a: Dataset, b: Dataset) -> bool:
-    return a is b or all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("X_train", "Y_train", "X_test", "Y_test"))
+    """Equal tensors (the same ones, as members given one dataset hold, compare without a pass over them)."""
+    pairs = [(getattr(a, k), getattr(b, k)) for k in ("X_train", "Y_train", "X_test", "Y_test")]
+    return a is b or all(x is y or torch.equal(x, y) for x, y in pairs)
 
 
 class Losses:
