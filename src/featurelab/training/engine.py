@@ -385,13 +385,13 @@ class _PhaseRun:
             capture.announce(reason)
         self.replayer = capture.Replayer(self.step_body, self.k0, self.lr0) if reason is None else None
 
-    def step_body(self, k, idx) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward, backward, trust region and update; returns (lr (M,), loss (M,))."""
+    def step_body(self, k, idx) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward, backward, trust region and update; returns (lr (M,), loss (M,), which only ``on_step``
+        callbacks read: None without them)."""
         r, phase = self.r, self.phase
         lr = r.schedule(phase, k, self.lr0, self.lr_min) * r.lr_scale
-        cost, pen, grad = r.losses.value_and_grad(r.X, r.Y, idx)
+        loss, grad = r.losses.value_and_grad(r.X, r.Y, idx, value=r.has_on_step)
         with torch.no_grad():
-            loss = cost + pen
             if phase.max_step is not None:  # trust region ‖Δθ_i‖ <= max_step·‖θ_i‖, per member
                 lr, cut = trust_region(lr, phase.max_step, member_norm(r.stack.flat), member_norm(grad))
                 r.capped.add_(cut.long())

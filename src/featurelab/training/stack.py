@@ -338,22 +338,23 @@ class Losses:
         """λ‖θ‖² per member from `Stack.flat` (`decay_apart`)."""
         return cast(torch.Tensor, self.lam) * torch.linalg.vecdot(self.stack.flat, self.stack.flat)
 
-    def value_and_grad(self, X, Y, idx) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(cost, penalty, gradient)``: the members' loss parts ``(M,)`` and, in `Stack.grad` (``M x P``),
-        the gradient of each member's loss; by hand where `pullbacks`, else by autograd."""
+    def value_and_grad(self, X, Y, idx, value: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(loss, gradient)``: the members' loss ``(M,)`` (None without `value`) and, in `Stack.grad`
+        (``M x P``), the gradient of each member's loss; by hand where `pullbacks`, else by autograd."""
         X, Y = self._rows(X, Y, idx)
-        chained = self._chained(X, Y) if self.pullbacks else None
-        if chained is None:
+        chained = self._chained(X, Y, value) if self.pullbacks else None
+        if chained is not None:
+            loss, grad = chained
+        else:
             cost, pen = self._parts(X, Y, idx, apart=True)
             grad = self.stack.backward(cost, pen)
-        else:
-            cost, pen, grad = chained
+            loss = (cost + pen).detach() if value else None
         if self.decay_apart:
             with torch.no_grad():
                 grad.addcmul_(self.stack.flat, cast(torch.Tensor, self.decay))
-        return cost, pen, grad
+        return loss, grad
 
-    def _chained(self, X, Y) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def _chained(self, X, Y, value: bool) -> tuple[torch.Tensor | None, torch.Tensor] | None:
         """`value_and_grad`'s parts from the model's and the objective's pullbacks, chained without an
         autograd graph (the penalty's gradient not yet added); None where the model's does not apply."""
         stack, stacked = self.stack, self.stacked_objective()
@@ -365,5 +366,5 @@ class Losses:
             cost, cost_back = cast(tuple, cost_pullback(self.cfg0.objective, out, Y))  # `pullbacks` has its objective
             grads = model_back(cost_back(stack.ones))
             torch.cat([g.reshape(self.M, -1) for g in grads], 1, out=stack.grad)
-            pen = self._decay_penalty() if self.decay_apart else torch.zeros_like(cost)
-        return cost, pen, stack.grad
+            loss = cost + self._decay_penalty() if value and self.decay_apart else cost if value else None
+        return loss, stack.grad
