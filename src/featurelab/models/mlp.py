@@ -318,12 +318,12 @@ class MLP(nn.Module):
             return Forward(pre[-1], pre, act)
         return pre[-1]
 
-    def stacked_pullback(self, X: torch.Tensor):
-        """The one-node forward pass (`_StackedForward`) on stacked weights and its pullback, called directly
-        (no autograd graph; the training step chains them itself): ``(output, pullback)``, the output
-        ``M x N x d_out`` and ``pullback(G)`` the gradients of ⟨G, output⟩ with respect to `weights`
-        (``M x ...`` each; call it with gradients off). None where that path does not apply (`_one_node`)."""
-        Ws = list(self.weights)
+    def stacked_pullback(self, X: torch.Tensor, Ws: list[torch.Tensor]):
+        """The one-node forward pass (`_StackedForward`) with the stacked weights `Ws` (``M x ...``, in the
+        order of `weights`) and its pullback, called directly (no autograd graph; the training step chains
+        them itself): ``(output, pullback)``, the output ``M x N x d_out`` and ``pullback(G)`` the gradients
+        of ⟨G, output⟩ with respect to `Ws` (call it with gradients off). None where that path does not
+        apply (`_one_node`)."""
         if not self._one_node(X, Ws):
             return None
         ctx = _DirectContext(3 + len(Ws))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import ClassVar, Protocol, cast, runtime_checkable
 
 import torch
@@ -51,12 +51,12 @@ class Stackable(Protocol):
 @runtime_checkable
 class StackedPullback(Protocol):
     """Stackable models that give their stacked forward pass with its pullback, called directly (no autograd
-    graph): ``stacked_pullback(X)`` is ``(output, pullback)`` with ``pullback(G)`` the gradients of
-    ⟨G, output⟩ with respect to every parameter (``M x ...``, in ``named_parameters`` order), or None where
-    the model takes autograd (`Losses.pullbacks`)."""
+    graph): ``stacked_pullback(X, params)``, with `params` every parameter stacked (``M x ...``, in
+    ``named_parameters`` order), is ``(output, pullback)`` with ``pullback(G)`` the gradients of
+    ⟨G, output⟩ with respect to `params`, or None where the model takes autograd (`Losses.pullbacks`)."""
 
     def stacked_pullback(
-        self, X: torch.Tensor
+        self, X: torch.Tensor, params: list[torch.Tensor]
     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], list[torch.Tensor]]] | None: ...
 
 
@@ -116,9 +116,12 @@ class _Objective(nn.Module):
         super().__init__()
         self.model, self.objective, self.float_names = model, objective, float_names
 
-    @contextmanager
-    def floats(self, floats):
+    def floats(self, floats) -> AbstractContextManager:
         """The float attributes `float_names` set to `floats` inside, restored after."""
+        return self._floats(floats) if self.float_names else nullcontext()
+
+    @contextmanager
+    def _floats(self, floats):
         saved = {k: vars(owner)[attr] for k in self.float_names for owner, attr in [_owner(self.model, k)]}
         try:
             for k, v in zip(self.float_names, floats):
@@ -284,6 +287,7 @@ class Losses:
         self.lam = self.lams.to(stack.dtype) if self.use_penalty else None
         self.decay = 2 * self.lam[:, None] if self.decay_apart and self.lam is not None else None  # ∂(λ‖θ‖²)/∂θ
         self.state = {f"model.{k}": v for k, v in {**stack.leaves, **stack.buffers}.items()}
+        self.leaves = list(stack.leaves.values())
         twin = _twin(stack.models[0], {**stack.leaves, **stack.buffers}) if self.native else None
         self.stacked = _Objective(twin, self.cfg0.objective, self.float_names) if twin is not None else self.objective
 
@@ -359,7 +363,7 @@ class Losses:
         autograd graph (the penalty's gradient not yet added); None where the model's does not apply."""
         stack, stacked = self.stack, self.stacked_objective()
         with torch.no_grad(), stacked.floats(self.fl):
-            forward = cast(StackedPullback, stacked.model).stacked_pullback(X)
+            forward = cast(StackedPullback, stacked.model).stacked_pullback(X, self.leaves)
             if forward is None:
                 return None
             out, model_back = forward
