@@ -78,7 +78,10 @@ def _watched() -> bool:
 
 class _DirectContext:
     """A stand-in for the context an ``autograd.Function`` gets, to call its ``forward`` and ``backward``
-    directly, without an autograd graph (a training step that chains them itself)."""
+    directly, without an autograd graph (a training step that chains them itself). Its backward runs once
+    (`once`: it may reuse what the forward kept, in place)."""
+
+    once = True
 
     def __init__(self, inputs: int):
         self.needs_input_grad = (False,) * inputs

@@ -69,7 +69,8 @@ class _CrossEntropy(torch.autograd.Function):
             out, labels = ctx.saved_tensors
             onehot = F.one_hot(labels, C).to(out.dtype)
             return (torch.softmax(out, -1) - onehot) * w[:, None, None], None
-        grad = ctx.e * (w[:, None, None] / ctx.s)
+        scale = w[:, None, None] / ctx.s
+        grad = ctx.e.mul_(scale) if getattr(ctx, "once", False) else ctx.e * scale  # a direct call runs once
         _add_at_labels(grad.view(M, C * N), ctx.pos, (-w)[:, None].expand(M, N))
         return grad.mT, None
 
