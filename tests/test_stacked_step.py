@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import featurelab as fl
 from featurelab.training import Phase, TrainConfig, data_cost, error_rate, evaluate, train_ensemble
 from featurelab.training.objectives import cost_pullback, cross_entropy
+from featurelab.training.optim import ADAM_FULL_CORRECTION, adam_corrections
 from featurelab.training.stack import Losses, Stack
 
 
@@ -227,3 +228,14 @@ def test_error_rates_of_stacked_outputs_are_each_members(gen):
         f = out[..., :1] if objective == "logistic" else out
         want = [error_rate(objective, f[i], Y[i] if Y.dim() == 3 else Y) for i in range(3)]
         torch.testing.assert_close(error_rate(objective, f, Y), torch.stack(want), rtol=0, atol=1e-15)
+
+
+def test_adams_bias_correction_table_and_its_cap():
+    """The looked-up corrections are torch.optim's ``1/(1 - β₁ᶜ)`` and ``√(1 - β₂ᶜ)``; past the table's last
+    count both are exactly 1 in float64, so a count clamped to it takes the right values."""
+    table = adam_corrections(10**6, torch.device("cpu"))
+    assert len(table) == ADAM_FULL_CORRECTION + 1
+    for c in (1, 2, 10, 1000, 36_313, ADAM_FULL_CORRECTION):
+        assert table[c, 0].item() == pytest.approx(1 / (1 - 0.9**c), rel=1e-15)
+        assert table[c, 1].item() == pytest.approx((1 - 0.999**c) ** 0.5, rel=1e-15)
+    assert table[-1].tolist() == [1.0, 1.0] and (1 - 0.999**10**6) ** 0.5 == 1.0
