@@ -62,7 +62,27 @@ def test_cost_pullback_is_the_nodes_gradient(gen):
         dz = pullback(g)
     torch.testing.assert_close(cost, reference_cross_entropy(z, labels), rtol=0, atol=1e-12)
     torch.testing.assert_close(dz, torch.autograd.grad(reference_cross_entropy(z, labels), z, g)[0], rtol=0, atol=1e-12)
+    with torch.no_grad():  # a step that needs the gradient only: no cost, the same pullback
+        no_cost, pullback = cost_pullback("cross_entropy", z, labels, value=False)
+        torch.testing.assert_close(pullback(g), dz, rtol=0, atol=0)
+    assert no_cost is None
     assert cost_pullback("mse", z, torch.randn(N, C, dtype=torch.float64)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cross_entropy_of_confident_logits_matches_torch(dtype):
+    """Logits 10³ apart (a confident net: the other classes' exponentials underflow to 0, the ones of a
+    float32 net already below −88) and tied at the top: the cost and its gradient equal torch's
+    F.cross_entropy and its gradient to rounding (an unshifted exponential would overflow to inf and NaN)."""
+    z = torch.tensor([[[1000.0, -1000.0, 0.0], [500.0, 500.0, -500.0], [-3.0, 2.0, 2.5]]], dtype=dtype)
+    labels = torch.tensor([0, 1, 2])
+    z.requires_grad_(True)
+    got = cross_entropy(z, labels)
+    want = F.cross_entropy(z[0], labels)
+    torch.testing.assert_close(got[0], want)
+    (dz,), (dz_ref,) = torch.autograd.grad(got.sum(), z), torch.autograd.grad(want, z)
+    assert torch.isfinite(dz).all()
+    torch.testing.assert_close(dz, dz_ref)
 
 
 def mlp(seed: int = 0, **kw) -> fl.MLP:

@@ -6,6 +6,8 @@ labels (classification), or ``N`` / ``N x 1`` labels in {-1, +1} for the logisti
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -20,6 +22,9 @@ def _as_targets(out: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     if Y.dtype in (torch.int64, torch.int32):
         return F.one_hot(Y.long(), out.shape[-1]).to(out.dtype)
     return Y.reshape(out.shape if Y.numel() == out.numel() else out.shape[-2:]).to(out.dtype)
+
+
+LOG2_E = 1 / math.log(2)
 
 
 def _label_positions(labels: torch.Tensor, N: int) -> torch.Tensor:
@@ -38,41 +43,58 @@ def _add_at_labels(flat: torch.Tensor, pos: torch.Tensor, values: torch.Tensor) 
     flat.scatter_add_(1, pos.expand(values.shape), values)
 
 
+def _exponentials(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For logits `out` (``M x N x C``): ``(zT, top, e, s)`` with zT the logits as ``M x C x N`` (contiguous),
+    top their maximum over classes ``M x 1 x N``, ``e = exp(zT − top)`` and ``s = Σ_c e`` (``M x 1 x N``).
+
+    The exponential is taken as ``2^((z − top)·log₂e)``: torch's ``exp`` runs Intel's VML on x86 builds,
+    which on AMD CPUs is 4x slower than torch's own ``exp2`` and over 50x slower where the result underflows
+    (the wrong classes of a confident net, z − top < −88 in float32); ``exp2`` is rounded like ``exp``
+    to within a few units in the last place."""
+    zT = out.mT.contiguous()
+    top = zT.amax(1, keepdim=True)
+    e = torch.sub(zT, top).mul_(LOG2_E).exp2_()
+    return zT, top, e, e.sum(1, keepdim=True)
+
+
+def _mean_cost(zT, top, s, pos) -> torch.Tensor:
+    """``(M,)``: the mean over samples of ``log s + top − z_label`` (the log-sum-exp minus the label logit)."""
+    M, C, N = zT.shape
+    return torch.sub(s.log().add_(top).view(M, N), _at_labels(zT.view(M, C * N), pos)).mean(-1)
+
+
 class _CrossEntropy(torch.autograd.Function):
     """Each member's mean softmax cross-entropy ``C = (1/N) Σ_n [log Σ_c exp z_{nc} − z_{n,y_n}]`` as one
     autograd node, computed with classes along dim 1 of ``M x C x N`` logits (on a CPU the reductions then
     run along the samples; the stacked MLP's output is a view of such logits already), shifted by their
-    maximum over classes. Backward: ``∂C/∂z_{nc} = (softmax(z_n)_c − 1[c = y_n]) / N`` times the incoming
-    gradient, from the forward's exponentials; under ``create_graph`` from the saved logits with
-    differentiable ops, so Hessian-vector products see the second derivative.
+    maximum over classes (`_exponentials`). Backward: ``∂C/∂z_{nc} = (softmax(z_n)_c − 1[c = y_n]) / N``
+    times the incoming gradient, from the forward's exponentials; under ``create_graph`` from the saved
+    logits with differentiable ops, so Hessian-vector products see the second derivative.
 
-    out: ``M x N x C`` logits; labels: ``(N,)`` shared or ``(M, N)`` int64. Returns ``(M,)``.
+    out: ``M x N x C`` logits; labels: ``(N,)`` shared or ``(M, N)`` int64. Returns ``(M,)``; called directly
+    with ``value=False`` (`cost_pullback`), None: the cost is not computed, only what the backward needs.
     """
 
     @staticmethod
-    def forward(ctx, out, labels):
-        M, N, C = out.shape
-        zT = out.mT.contiguous()
-        shifted = zT - zT.amax(1, keepdim=True)
-        e = shifted.exp()
-        s = e.sum(1, keepdim=True)
-        pos = _label_positions(labels, N)
+    def forward(ctx, out, labels, value: bool = True):
+        zT, top, e, s = _exponentials(out)
+        pos = _label_positions(labels, zT.shape[-1])
         ctx.save_for_backward(out, labels)
         ctx.e, ctx.s, ctx.pos = e, s, pos
-        return torch.sub(s.log().view(M, N), _at_labels(shifted.view(M, C * N), pos)).mean(-1)
+        return _mean_cost(zT, top, s, pos) if value else None
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g, *_):
         M, C, N = ctx.e.shape
         w = g / N
         if torch.is_grad_enabled():  # a differentiable gradient (double backward)
             out, labels = ctx.saved_tensors
             onehot = F.one_hot(labels, C).to(out.dtype)
-            return (torch.softmax(out, -1) - onehot) * w[:, None, None], None
+            return (torch.softmax(out, -1) - onehot) * w[:, None, None], None, None
         scale = w[:, None, None] / ctx.s
         grad = ctx.e.mul_(scale) if getattr(ctx, "once", False) else ctx.e * scale  # a direct call runs once
         _add_at_labels(grad.view(M, C * N), ctx.pos, (-w)[:, None].expand(M, N))
-        return grad.mT, None
+        return grad.mT, None, None
 
 
 def cross_entropy(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -84,15 +106,16 @@ def cross_entropy(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return _CrossEntropy.apply(out, labels)
 
 
-def cost_pullback(objective: str, out: torch.Tensor, Y: torch.Tensor):
+def cost_pullback(objective: str, out: torch.Tensor, Y: torch.Tensor, value: bool = True):
     """The stacked cost of `out` (``M x N x d_out``, as `data_cost`) and its pullback, called directly (no
     autograd graph; the training step chains them itself): ``(cost (M,), pullback)`` with ``pullback(g)``
-    the gradient of ⟨g, cost⟩ with respect to `out` (call it with gradients off). For the objectives in
-    `PULLBACKS` (cross-entropy: `_CrossEntropy`); None for the others."""
+    the gradient of ⟨g, cost⟩ with respect to `out` (call it with gradients off); the cost is None without
+    `value` (a step that only needs the gradient). For the objectives in `PULLBACKS` (cross-entropy:
+    `_CrossEntropy`); None for the others."""
     if objective not in PULLBACKS:
         return None
-    ctx = _DirectContext(2)
-    cost = _CrossEntropy.forward(ctx, out, _class_labels(Y))
+    ctx = _DirectContext(3)
+    cost = _CrossEntropy.forward(ctx, out, _class_labels(Y), value)
     return cost, lambda g: _CrossEntropy.backward(ctx, g)[0]
 
 

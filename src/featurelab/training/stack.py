@@ -367,8 +367,9 @@ class Losses:
             if forward is None:
                 return None
             out, model_back = forward
-            cost, cost_back = cast(tuple, cost_pullback(self.cfg0.objective, out, Y))  # `pullbacks` has its objective
+            pulled = cost_pullback(self.cfg0.objective, out, Y, value)  # not None: `pullbacks` has its objective
+            cost, cost_back = cast(tuple, pulled)
             grads = model_back(cost_back(stack.ones))
             torch.cat([g.reshape(self.M, -1) for g in grads], 1, out=stack.grad)
-            loss = cost + self._decay_penalty() if value and self.decay_apart else cost if value else None
+            loss = cost + self._decay_penalty() if value and self.decay_apart else cost
         return loss, stack.grad
