@@ -62,23 +62,24 @@ def adam_corrections(steps: int, device: torch.device) -> torch.Tensor:
 def _adam(
     stack: Stack, state: dict, count: torch.Tensor, lr: torch.Tensor, fresh: torch.Tensor | None, steps: int, host: bool
 ) -> None:
-    """torch.optim.adam._single_tensor_adam with its bias corrections per member (of their step counts): as
-    Python floats where `host` and the members share lr and count, else looked up in `adam_corrections`
-    (the denominator ``√v/√(1 - β₂ᶜ) + ε`` then in one pass, addcdiv)."""
+    """torch.optim.Adam's update: where `host` and the members share lr and step count, the fused kernel that
+    ``torch.optim.Adam(fused=True)`` runs (``torch._fused_adam_``, one pass over the buffers); else the
+    arithmetic of torch.optim.adam._single_tensor_adam with each member's bias corrections looked up in
+    `adam_corrections` by its step count (the denominator ``√v/√(1 - β₂ᶜ) + ε`` then in one pass, addcdiv)."""
     b1, b2 = ADAM_BETAS
     p, g = stack.flat, stack.grad
     m, v = _buffer(state, "exp_avg", p), _buffer(state, "exp_avg_sq", p)
     if fresh is not None:
         m.masked_fill_(fresh, 0.0)
         v.masked_fill_(fresh, 0.0)
+    counts, rates = (count.tolist(), lr.tolist()) if host else ([], [])
+    if len(set(counts)) == len(set(rates)) == 1:  # torch.optim.Adam(fused=True)'s kernel: one pass over p, g, m, v
+        step = torch.full((), float(counts[0]))
+        kw = {"amsgrad": False, "maximize": False, "weight_decay": 0.0, "eps": ADAM_EPS}
+        torch.ops.aten._fused_adam_([p], [g], [m], [v], [], [step], lr=rates[0], beta1=b1, beta2=b2, **kw)
+        return
     m.lerp_(g, 1 - b1)
     v.mul_(b2).addcmul_(g, g, value=1 - b2)
-    counts, rates = (count.tolist(), lr.tolist()) if host else ([], [])
-    if len(set(counts)) == len(set(rates)) == 1:
-        c, rate = counts[0], rates[0]
-        denom = (v.sqrt() / (1 - b2**c) ** 0.5).add_(ADAM_EPS)
-        p.addcdiv_(m, denom, value=-rate / (1 - b1**c))
-        return
     if "corrections" not in state:
         state["corrections"] = adam_corrections(steps, p.device)
     table = state["corrections"]
