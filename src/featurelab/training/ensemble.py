@@ -126,7 +126,12 @@ def train_ensemble(
     if M == 0:
         raise FeaturelabError("models is empty; give at least one model")
     cfgs = [TrainConfig.model_validate(c) for c in _as_list(configs, M, "configs")]
-    datas = [check_training_inputs(m, d, c.objective) for m, d, c in zip(models, _as_list(data, M, "data"), cfgs)]
+    checked: dict[int, Dataset] = {}  # each dataset checked once, against the first member given it
+    datas = []
+    for m, d, c in zip(models, _as_list(data, M, "data"), cfgs):
+        if id(d) not in checked or not isinstance(m, nn.Module):
+            checked[id(d)] = check_training_inputs(m, d, c.objective)
+        datas.append(checked[id(d)])
     dirs = [Path(d) if d is not None else None for d in _as_list(run_dirs, M, "run_dirs")]
     cbs = [tuple(c) for c in (callbacks if callbacks is not None else [()] * M)]
     if len(cbs) != M:
