@@ -471,6 +471,7 @@ def test_homogeneous_net_ensembles_take_the_captured_path(arch, monkeypatch):
 KILLED_ENSEMBLE = """
 import os, signal, sys, torch
 from pathlib import Path
+torch.set_num_threads(1)  # as this process (conftest): a resume repeats the run's settings, its threads among them
 sys.path.insert(0, {tests!r})
 from test_ensemble import killed_ensemble_run
 from featurelab.training import engine

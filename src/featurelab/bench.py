@@ -87,12 +87,15 @@ def timed(fn, device: torch.device, repeat: int = 5, warmup: int = 1) -> tuple[f
 
 
 def matmul_peak(device: torch.device, n: int | None = None) -> tuple[float, float]:
-    """This machine's fp32 matmul rate in GFLOP/s, by wall and by CPU time: an n x n matmul (2n³ FLOPs;
-    n = 2048 on CPU, 8192 on CUDA)."""
+    """This machine's fp32 matmul rate in GFLOP/s, by wall and by CPU time: an n x n product (2n³ FLOPs;
+    n = 2048 on CPU, 8192 on CUDA) as featurelab takes it (`featurelab.models.gemm.product`: oneDNN where it
+    beats torch's BLAS on this CPU)."""
+    from .models.gemm import product
+
     n = n or (8192 if device.type == "cuda" else 2048)
     g = torch.Generator(device="cpu").manual_seed(0)
     A, B = (torch.randn(n, n, generator=g).to(device) for _ in range(2))
-    wall, cpu = timed(lambda: A @ B, device)
+    wall, cpu = timed(lambda: product(A, B), device)
     return 2 * n**3 / wall / 1e9, 2 * n**3 / cpu / 1e9
 
 
@@ -567,6 +570,10 @@ def run_bench(
         get_experiment(name)  # a one-line error for an unknown name, before anything runs
     dev = resolve_device(device)
     results: dict = {"device": str(dev), "threads": torch.get_num_threads(), "versions": versions()}
+    if dev.type == "cpu":
+        from .models.gemm import onednn_products
+
+        results["cpu_products"] = "oneDNN" if onednn_products() else "torch (MKL)"
     if e_preset != "quick":
         results["e_preset"] = e_preset
     figures = {
@@ -596,7 +603,8 @@ def run_bench(
         write_json(out, results)
     rows = [("figure", "measured", "baseline (same run)", "target", "reached")] + table_rows(results)
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    echo(f"featurelab bench on {results['device']}, {results['threads']} torch threads")
+    products = f", large float32 products through {results['cpu_products']}" if "cpu_products" in results else ""
+    echo(f"featurelab bench on {results['device']}, {results['threads']} torch threads{products}")
     for r in rows:
         echo("  ".join(c.ljust(w) for c, w in zip(r, widths)))
     write_json(out, results)

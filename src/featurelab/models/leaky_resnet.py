@@ -18,6 +18,7 @@ from torch import nn
 from ..checks import int_at_least, one_of, positive
 from ..errors import FeaturelabError
 from .forward import Forward
+from .gemm import product
 from .mlp import _watched
 
 STEP_SCHEMES = ("equidistant", "irregular", "adaptive")
@@ -118,7 +119,8 @@ class _ResidualSteps(torch.autograd.Function):
 
     Inside, samples are columns (``Aᵀ``, ``w x N``): σ(A_{l−1})ᵀ is written into rows ``:w`` of a
     ``(w+1) x N`` buffer whose last row is ones (the bias), and each step scales Aᵀ by ``1 − ρ_l L̃`` and adds
-    the product ``(ρ_l W_l) σ(A_{l−1})ᵀ`` into it (one BLAS call). For ``Gᵀ = (∂C/∂A_l)ᵀ`` the backward is
+    the product ``(ρ_l W_l) σ(A_{l−1})ᵀ`` to it (one product, `gemm.product`: oneDNN's on CPUs where it beats
+    torch's BLAS). For ``Gᵀ = (∂C/∂A_l)ᵀ`` the backward is
     ``∂C/∂W_l = ρ_l Gᵀ σ(A_{l−1})`` and ``(∂C/∂A_{l−1})ᵀ = (1 − ρ_l L̃) Gᵀ + (ρ_l W_l[:, :w])ᵀ Gᵀ ⊙ 1[A_{l−1} > 0]``
     (ReLU'(0) = 0, as torch's). Stacked members run as batched products, each with its own ρ and L̃. The
     factors stay tensors (no value is read on the host, as in the plain path).
@@ -138,8 +140,7 @@ class _ResidualSteps(torch.autograd.Function):
             S.append(W.new_empty(*W.shape[:-3], w + 1, N))
             S[l][..., w, :].fill_(1)
             torch.clamp_min(AT, 0, out=S[l][..., :w, :])
-            AT.mul_(skip[..., l, :, :])
-            _product_(AT, W_l * r[..., l, :, :], S[l], beta=1.0)
+            AT = product(W_l * r[..., l, :, :], S[l], add=AT.mul_(skip[..., l, :, :]))
         ctx.save_for_backward(A0, W, rho)
         ctx.effective_depth, ctx.r, ctx.skip, ctx.S = effective_depth, r, skip, S
         return AT.mT
@@ -156,28 +157,21 @@ class _ResidualSteps(torch.autograd.Function):
         return *_steps_backward(ctx, g, W, need_A0, need_W), None, None
 
 
-def _product_(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, beta: float) -> torch.Tensor:
-    """``out ← β out + A B`` in place (one BLAS call; batched for stacked members; β = 0 ignores `out`)."""
-    return (out.baddbmm_ if out.dim() == 3 else out.addmm_)(A, B, beta=beta)
-
-
 def _steps_backward(ctx, g: torch.Tensor, W: torch.Tensor, need_A0: bool, need_W: bool):
     """`_ResidualSteps`' first-order backward: ``(∂C/∂A_0, ∂C/∂W)`` (None where not needed) for
     ``g = ∂C/∂A_L`` (``N x w`` or ``M x N x w``)."""
     w = W.shape[-2]
     GT = g.mT.clone(memory_format=torch.contiguous_format)
-    scratch = torch.empty_like(GT)
     gW = torch.empty_like(W) if need_W else None
     for l in reversed(range(W.shape[-3])):
         r_l, S_l = ctx.r[..., l, :, :], ctx.S[l]
         if gW is not None:
-            _product_(gW[..., l, :, :], GT, S_l.mT, beta=0.0).mul_(r_l)
+            torch.mul(product(GT, S_l.mT), r_l, out=gW[..., l, :, :])
         if l == 0 and not need_A0:
             break
-        _product_(scratch, (W[..., l, :, :w] * r_l).mT, GT, beta=0.0)
+        scratch = product((W[..., l, :, :w] * r_l).mT, GT)
         torch.ops.aten.threshold_backward.grad_input(scratch, S_l[..., :w, :], 0, grad_input=scratch)
-        scratch.addcmul_(GT, ctx.skip[..., l, :, :])
-        GT, scratch = scratch, GT
+        GT = scratch.addcmul_(GT, ctx.skip[..., l, :, :])
     return (GT.mT if need_A0 else None), gW
 
 

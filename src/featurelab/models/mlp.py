@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 from ..checks import int_at_least, non_negative, one_of
 from ..errors import FeaturelabError
 from .forward import Forward
+from .gemm import product
 
 ACTIVATIONS = ("leaky_relu", "tanh")
 INITS = ("he", "fan_in", "absolute")
@@ -103,14 +104,19 @@ def _activate_backward(g: torch.Tensor, a: torch.Tensor, z: torch.Tensor | None,
         torch.ops.aten.leaky_relu_backward.grad_input(g, z, slope, False, grad_input=out)
 
 
+def _input_rows(X: torch.Tensor, beta: float) -> torch.Tensor:
+    """The shared input ``N x d`` with samples as columns and the bias row, ``[Xᵀ; β·1ᵀ]`` (``(d+1) x N``, a
+    transposed view); ``Xᵀ`` when β = 0."""
+    return (torch.cat([X, X.new_full((X.shape[0], 1), beta)], 1) if beta > 0 else X).mT
+
+
 def _affine_columns(aT: torch.Tensor, W: torch.Tensor, beta: float) -> torch.Tensor:
     """``W[i] @ [aT[i]; β·1ᵀ]`` for every member i, samples as columns: W ``M x m x (n+1)`` (``n`` when
-    β = 0), aT ``M x n x N``, or ``n x N`` shared (one ``(M·m) x N`` product for all members); ``M x m x N``."""
+    β = 0), aT ``M x n x N``, or the shared input with its bias row (`_input_rows`, ``(n+1) x N``: one
+    ``(M·m) x N`` product for all members, `gemm.product`); ``M x m x N``."""
     M, m, n = W.shape[0], W.shape[1], aT.shape[-2]
     if aT.dim() == 2:
-        flat = W.reshape(M * m, -1)
-        zT = torch.addmm(flat[:, n:], flat[:, :n], aT, beta=beta) if beta > 0 else flat @ aT
-        return zT.view(M, m, -1)
+        return product(W.reshape(M * m, -1), aT).view(M, m, -1)
     if beta > 0:
         return torch.baddbmm(W[..., n:], W[..., :n], aT, beta=beta)
     return torch.bmm(W, aT)
@@ -132,15 +138,16 @@ class _StackedForward(torch.autograd.Function):
     ``∂C/∂Z_{l-1} = ∂C/∂Zσ_{l-1} ⊙ σ'(Z_{l-1})``. Inside, samples are columns (``M x n x N``): a CPU's
     batched products and the cross-entropy over classes run faster on that layout.
 
-    X: ``N x d_in`` (shared: the first layer is one matrix product for all members, and ∂C/∂X sums
-    over them) or ``M x N x d_in``; Ws: ``M x n_l x (n_{l-1}+1)`` (``n_{l-1}`` when β = 0); slopes: the
-    slope a of σ after each hidden layer (1 inside a linear tail). Output ``M x N x d_out`` (a transposed
-    view). First order only (`once_differentiable`: a double backward raises instead of going wrong).
+    X: ``N x d_in`` (shared: the first layer is one matrix product for all members, its bias column's
+    gradient included, and ∂C/∂X sums over them) or ``M x N x d_in``; Ws: ``M x n_l x (n_{l-1}+1)``
+    (``n_{l-1}`` when β = 0); slopes: the slope a of σ after each hidden layer (1 inside a linear tail).
+    Output ``M x N x d_out`` (a transposed view). First order only (`once_differentiable`: a double backward
+    raises instead of going wrong).
     """
 
     @staticmethod
     def forward(ctx, X, beta: float, slopes: tuple[float, ...], *Ws):
-        acts, pre, aT = [], [], X.mT
+        acts, pre, aT = [], [], (X.mT if X.dim() == 3 else _input_rows(X, beta))
         for l, W in enumerate(Ws):
             acts.append(aT)
             zT = _affine_columns(aT, W, beta)
@@ -162,11 +169,11 @@ class _StackedForward(torch.autograd.Function):
         for l in reversed(range(len(Ws))):
             W, aT = Ws[l], ctx.acts[l]
             m, n = W.shape[1], aT.shape[-2]
-            if aT.dim() == 2:  # the shared input: one product for all members
+            if aT.dim() == 2:  # the shared input: one product for all members, the bias column's too
                 flat = gT.reshape(M * m, N)
-                grads[0] = _with_bias_grad(flat @ X, flat, beta).view(M, m, -1)
+                grads[0] = product(aT, flat.mT).mT.view(M, m, -1)
                 if ctx.needs_input_grad[0]:
-                    gX = flat.mT @ W.reshape(M * m, -1)[:, :n]
+                    gX = flat.mT @ W.reshape(M * m, -1)[:, : X.shape[-1]]
                 break
             grads[l] = _with_bias_grad(torch.bmm(gT, aT.mT), gT, beta)
             if l == 0:
