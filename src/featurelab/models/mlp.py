@@ -171,7 +171,7 @@ class _StackedForward(torch.autograd.Function):
             m, n = W.shape[1], aT.shape[-2]
             if aT.dim() == 2:  # the shared input: one product for all members, the bias column's too
                 flat = gT.reshape(M * m, N)
-                grads[0] = product(aT, flat.mT).mT.view(M, m, -1)
+                grads[0] = product(flat, aT.mT).view(M, m, -1)
                 if ctx.needs_input_grad[0]:
                     gX = flat.mT @ W.reshape(M * m, -1)[:, : X.shape[-1]]
                 break
