@@ -136,3 +136,17 @@ def test_float32_residual_steps_match_float64_autograd(gen, products, path, memb
         assert got.dtype == torch.float32
         scale = float(want.detach().abs().max())
         torch.testing.assert_close(got.detach().double(), want.detach(), rtol=0, atol=1e-5 * scale)
+
+
+def test_a_bad_choice_stops_a_run_before_it_writes(products, tmp_path, capsys):
+    """`featurelab run` and `train` name FEATURELAB_GEMM and its choices in one line, and write nothing."""
+    from featurelab.cli import main
+
+    products("blas")
+    assert main(["run", "leaky-bottleneck", "--preset", "tiny", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["featurelab: error: FEATURELAB_GEMM='blas' is not allowed; choose one of: auto, onednn, mkl"]
+    cfg = TrainConfig(phases=[Phase(optimizer="adam", steps=1, lr=1e-3)])
+    with pytest.raises(FeaturelabError, match="FEATURELAB_GEMM"):
+        fl.train(fl.MLP(64, 10, 16, 3), fl.digits(100), cfg, run_dir=tmp_path / "unit")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "unit").exists()

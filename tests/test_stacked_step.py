@@ -1,6 +1,6 @@
 """The stacked training step's shortcuts against plain autograd and torch's own functions, float64, to 1e-12:
 the cross-entropy node (values, gradients, Hessian-vector products), the weight-decay node, the MLP's and
-the cost's pullbacks chained by hand, the flat parameter buffer with λ‖θ‖² taken from it, Adam's scalar
+the cost's pullbacks chained by hand, the flat parameter buffer with λ‖θ‖² taken from it, Adam's fused
 and per-member arithmetic, and the log's metrics from one stacked pass."""
 
 import copy
@@ -197,7 +197,7 @@ def test_the_flat_buffer_is_the_members_parameters():
 
 
 def test_adam_ensembles_equal_torch_optim_with_shared_and_own_rates():
-    """Members sharing lr and step count take torch.optim's scalar arithmetic, members with their own lr the
+    """Members sharing lr and step count take torch.optim's fused Adam kernel, members with their own lr the
     per-member one; both equal torch.optim.Adam run on each member (C + R, λ > 0) to 1e-12."""
     data = classification()
     for lrs in ((1e-2,), (1e-2, 3e-2, 5e-3)):

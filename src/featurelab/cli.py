@@ -318,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         _tolerant_output()
         args = build_parser().parse_args(argv)
         command = args.command
+        if command in ("run", "reproduce", "bench", "analyze"):  # the commands that compute: torch is loaded anyway
+            from .models.gemm import onednn_products
+
+            onednn_products()  # a bad FEATURELAB_GEMM is one line before anything is written
         return args.func(args)
     except FeaturelabError as exc:
         print(f"featurelab: error: {exc}", file=sys.stderr)

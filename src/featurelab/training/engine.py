@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
 from ..io import digest, write_text
+from ..models.gemm import onednn_products
 from ..runtime import resolve_device
 from . import capture, optim
 from .checkpoint import load_checkpoint, save_checkpoint, save_model
@@ -517,6 +518,7 @@ def run(
     if dev.type == "cpu":
         torch.set_flush_denormal(True)
         keep_freed_memory()
+        onednn_products()  # a bad FEATURELAB_GEMM is one line here, before anything is trained or written
     r = _Run(models, datas, cfgs, dev, dirs, callbacks, lr_rule)
     ckpts = [load_checkpoint(d) if (resume and d is not None) else None for d in dirs]
     r.start([(None, info) for info in handover] if handover is not None else ckpts)

@@ -35,7 +35,7 @@ def update(phase: Phase, stack: Stack, state: dict, lr: torch.Tensor, host: bool
     whether any may). The optimizer's buffers are ``M x P`` like `Stack.flat`; every state tensor is
     updated in place (a captured CUDA graph replays on the same memory). host: lr and the counts may be
     read on the host (the CPU, outside a captured step), where members of one lr and one count take
-    torch.optim's own scalar arithmetic."""
+    the fused kernel of torch.optim.Adam(fused=True) (`_adam`)."""
     count = state["count"].add_(1)
     fresh = (count == 1)[:, None] if state.get("fresh", True) else None
     state["fresh"] = False
