@@ -153,11 +153,53 @@ def claim(
     )
 
 
+@dataclass(frozen=True)
+class Threshold:
+    """The threshold of a claim, ``measured <relation> bound`` ("==": within ``atol + rtol·|bound|``; the
+    inequalities include their bound), with where its number comes from: `source` names the paper's number
+    (authors, year, section or figure, arXiv id) or says it is ours and why. One comparison, `margin`, gives
+    both the verdict (``margin >= 0``) and the claim's margin; experiments name their thresholds as
+    module-level constants, and ``tests/test_thresholds.py`` pins them against the numbers the docs state."""
+
+    bound: float
+    relation: str = ">="
+    rtol: float = 0.0
+    atol: float = 0.0
+    source: str = ""
+
+    def __post_init__(self):
+        if self.relation not in ("<=", ">=", "=="):
+            raise ValueError(f"relation must be one of '<=', '>=', '==', got {self.relation!r}")
+
+    def at(self, bound: float) -> Threshold:
+        """The same comparison and tolerance about another `bound` (a bound that depends on the data, such as
+        a slope that should equal the rank)."""
+        return replace(self, bound=float(bound))
+
+    def margin(self, measured: float) -> float:
+        """`margin` of `measured` to this threshold: >= 0 iff it holds; NaN for a NaN measurement."""
+        return margin(float(measured), self.bound, self.relation, self.rtol, self.atol)
+
+    def holds(self, measured: float) -> bool:
+        """Whether `measured` meets this threshold (False for NaN)."""
+        return bool(self.margin(measured) >= 0)
+
+    @property
+    def expected(self) -> str:
+        """The report's "expected" text: ``"<relation> <bound>"``."""
+        return f"{self.relation} {fmt(float(self.bound))}"
+
+    @property
+    def tolerance(self) -> str:
+        """The report's "tolerance" text: the non-zero ``rtol`` and ``atol`` ("" for none)."""
+        return ", ".join(f"{name}={fmt(v)}" for name, v in (("rtol", self.rtol), ("atol", self.atol)) if v)
+
+
 def threshold_claim(
     statement: str,
     reference: str,
     measured: float,
-    bound: float,
+    bound: float | Threshold,
     relation: str = ">=",
     *,
     rtol: float = 0.0,
@@ -166,22 +208,64 @@ def threshold_claim(
     kind: str = "empirical",
     premise: str = "",
 ) -> Claim:
-    """The `Claim` ``measured <relation> bound`` (within ``atol + rtol·|bound|`` for "=="; inequalities are
-    strict thresholds): verdict and margin computed here, from one comparison."""
-    mg = margin(measured, bound, relation, rtol, atol)
-    tolerance = ", ".join(f"{name}={fmt(v)}" for name, v in (("rtol", rtol), ("atol", atol)) if v)
+    """The `Claim` ``measured <relation> bound`` (within ``atol + rtol·|bound|`` for "=="; inequalities include
+    their bound): verdict and margin computed here, from one comparison. `bound` is a number (with `relation`,
+    `rtol`, `atol`) or a `Threshold`."""
+    th = bound if isinstance(bound, Threshold) else Threshold(float(bound), relation, rtol, atol)
+    return all_of_claim(statement, reference, [(measured, th)], id=id, kind=kind, premise=premise)
+
+
+def all_of_claim(
+    statement: str,
+    reference: str,
+    comparisons,
+    *,
+    expected: str | None = None,
+    measured=None,
+    tolerance: str | None = None,
+    id: str = "",
+    kind: str = "empirical",
+    premise: str = "",
+) -> Claim:
+    """The `Claim` that every ``(value, threshold)`` of `comparisons` holds (`Threshold`): its margin is the
+    smallest of their margins and its verdict that margin's sign, one comparison for both; NaN anywhere (or no
+    comparison at all) fails, with no margin. `expected`, `measured` and `tolerance` are the report's text
+    (default: the one comparison's own)."""
+    pairs = [(float(v), th) for v, th in comparisons]
+    margins = [th.margin(v) for v, th in pairs]
+    worst = math.nan if not margins or any(math.isnan(m) for m in margins) else min(margins)
+    if len(pairs) == 1:
+        expected = pairs[0][1].expected if expected is None else expected
+        measured = pairs[0][0] if measured is None else measured
+        tolerance = pairs[0][1].tolerance if tolerance is None else tolerance
     return claim(
         statement,
         reference,
-        f"{relation} {fmt(float(bound))}",
-        float(measured),
-        bool(mg >= 0),
-        tolerance,
+        "" if expected is None else expected,
+        measured,
+        bool(worst >= 0),
+        tolerance or "",
         id=id,
-        margin=mg,
+        margin=worst,
         kind=kind,
         premise=premise,
     )
+
+
+def boolean_claim(
+    statement: str,
+    reference: str,
+    expected,
+    measured,
+    passed: bool,
+    *,
+    id: str = "",
+    kind: str = "empirical",
+    premise: str = "",
+) -> Claim:
+    """The `Claim` of a structural yes/no check that has no numeric threshold (a count that must be met
+    exactly, a construction that must exist): `passed` is the verdict, and its margin is None."""
+    return claim(statement, reference, expected, measured, passed, id=id, kind=kind, premise=premise)
 
 
 def claim_from_check(
