@@ -1,53 +1,44 @@
 """The experiment registry: every experiment, by name, with its presets.
 
-To add one, write a module that defines ``EXPERIMENT = Experiment(...)`` (see `base.py` and
-`leaky_bottleneck.py`) and list it below.
+It is derived from the modules of this package: a module that states its listing, ``CATALOG = (Entry(...),)``
+(see `featurelab.catalog`), is imported and the experiments it names (its ``Experiment`` objects) are
+registered, in the catalog's order. Adding an experiment is one file: copy ``template.py``, which has no
+``CATALOG`` and so stays out of the registry, and give it one. A block whose names or presets differ from the
+module's experiments is an error at import, naming the module.
 """
 
 from __future__ import annotations
 
+import importlib
+
+from ..catalog import CATALOG, experiment_modules
 from ..errors import FeaturelabError
-from . import (
-    alignment,
-    bn_rank_depth,
-    cp_rank,
-    escape_circle,
-    forces,
-    invariance_drift,
-    leaky_bottleneck,
-    leaky_discretization,
-    leaky_hamiltonian,
-    r1_properties,
-    relu_noninvariance,
-    saddle_digits,
-    symmetry_learning,
-    width_plateau,
-)
 from .base import Analysis, AnalysisContext, Experiment, TrainingUnit, UnitContext
 
-EXPERIMENTS: list[Experiment] = [
-    # Leaky ResNets (Jacot & Kaiser, arXiv 2405.17573)
-    leaky_bottleneck.EXPERIMENT,
-    leaky_hamiltonian.EXPERIMENT,
-    leaky_discretization.EXPERIMENT,
-    # bottleneck rank (Jacot, arXiv 2305.19008)
-    bn_rank_depth.EXPERIMENT,
-    r1_properties.EXPERIMENT,
-    symmetry_learning.EXPERIMENT,
-    # attraction/repulsion and sparsity (Jacot, Golikov, Hongler, Gabriel, arXiv 2205.15809)
-    forces.EXPERIMENT,
-    width_plateau.EXPERIMENT,
-    cp_rank.EXPERIMENT,
-    # saddle-to-saddle (Bantzis, Simon, Jacot)
-    escape_circle.EXPERIMENT,
-    saddle_digits.EXPERIMENT,
-    saddle_digits.MNIST_EXPERIMENT,
-    # training invariances (Le & Jegelka, arXiv 2201.11968)
-    invariance_drift.EXPERIMENT,
-    alignment.EXPERIMENT,
-    relu_noninvariance.EXPERIMENT,
-]
-REGISTRY: dict[str, Experiment] = {e.name: e for e in EXPERIMENTS}
+
+def module_experiments(module_name: str) -> dict[str, Experiment]:
+    """The `Experiment` objects defined at the top level of ``featurelab.experiments.<module_name>``, by name."""
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    found = {e.name: e for e in vars(module).values() if isinstance(e, Experiment)}
+    listed = {e.name: e.presets for e in module.CATALOG}
+    defined = {name: tuple(e.presets) for name, e in found.items()}
+    if listed != defined:
+        raise ImportError(
+            f"featurelab.experiments.{module_name}: CATALOG lists {listed}, but the module defines {defined} "
+            "(names and presets, in order, must agree)"
+        )
+    return found
+
+
+def _registry() -> dict[str, Experiment]:
+    found: dict[str, Experiment] = {}
+    for module_name in experiment_modules():
+        found.update(module_experiments(module_name))
+    return {e.name: found[e.name] for e in CATALOG}
+
+
+REGISTRY: dict[str, Experiment] = _registry()
+EXPERIMENTS: list[Experiment] = list(REGISTRY.values())
 
 
 def get_experiment(name: str) -> Experiment:

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from pydantic import Field, PositiveInt
 
+from ..catalog import Entry
 from ..claims import claim, margin, threshold_claim
 from ..config import ExperimentConfig
 from ..data.separable import separable
@@ -265,6 +266,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ]
     return Analysis(claims, {"alignment": fig}, {"final": table}, summary, notes)
 
+
+CATALOG = (Entry("alignment", ("quick", "tiny", "paper"), "Le & Jegelka Thm. 2: the linear tail aligns, rank one", 52),)
 
 EXPERIMENT = Experiment(
     name="alignment",

@@ -36,6 +36,7 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 from scipy.stats import linregress
 from scipy.stats import t as student
 
+from ..catalog import Entry
 from ..claims import claim, margin
 from ..config import ExperimentConfig
 from ..data.bn_tasks import bn_rank_two_task
@@ -467,6 +468,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     tables = {"units": rows, **({"fits": pd.DataFrame(fits)} if fits else {})}
     return Analysis(claims, figures, tables, summary, notes)
 
+
+CATALOG = (Entry("bn-rank-depth", ("quick", "tiny", "paper"), "Jacot 2023 Fig. 1: ‖θ‖² slope = rank; Theorem 3", 21),)
 
 EXPERIMENT = Experiment(
     name="bn-rank-depth",

@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 from pydantic import Field, PositiveInt
 
+from ..catalog import Entry
 from ..claims import claim, margin, threshold_claim
 from ..config import ExperimentConfig
 from ..data.constructions import (
@@ -317,6 +318,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         figures["cp_rank"] = fig
     return Analysis(claims, figures, tables, summary)
 
+
+CATALOG = (Entry("cp-rank", ("quick", "tiny", "paper"), "Jacot et al. 2022 Props. 13-14: N²/4 neurons", 33),)
 
 EXPERIMENT = Experiment(
     name="cp-rank",

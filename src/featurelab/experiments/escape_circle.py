@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from pydantic import Field, PositiveInt
 
+from ..catalog import Entry
 from ..claims import Claim, claim, fmt, margin, threshold_claim
 from ..config import ExperimentConfig
 from ..data.circle import circle_dataset
@@ -427,6 +428,10 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     }
     return Analysis(claims, figures, {"width_sweep": table}, summary, notes)
 
+
+CATALOG = (
+    Entry("escape-circle", ("quick", "tiny", "paper"), "Bantzis et al. Example 1: escape speeds √2-1 and 1/2", 41),
+)
 
 EXPERIMENT = Experiment(
     name="escape-circle",

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 from pydantic import Field
 
+from ..catalog import Entry
 from ..claims import claim, margin, threshold_claim
 from ..config import ExperimentConfig
 from ..data import digits, mnist
@@ -202,6 +203,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ]
     return Analysis(claims, figures, {"layers": table}, summary, notes)
 
+
+CATALOG = (Entry("forces", ("quick", "tiny", "paper"), "Jacot et al. 2022 Fig. 1: attraction/repulsion, rays", 31),)
 
 EXPERIMENT = Experiment(
     name="forces",

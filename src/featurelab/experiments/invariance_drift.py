@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 from pydantic import Field, PositiveFloat
 
+from ..catalog import Entry
 from ..claims import claim, margin, threshold_claim
 from ..config import ExperimentConfig
 from ..data.separable import separable
@@ -270,6 +271,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         notes=["Skipped by the tracker: " + " | ".join(notes)] if notes else [],
     )
 
+
+CATALOG = (Entry("invariances", ("quick", "tiny", "paper"), "Le & Jegelka §3: conserved quantities drift as O(η)", 51),)
 
 EXPERIMENT = Experiment(
     name="invariances",

@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
+from ..catalog import Entry
 from ..claims import claim, margin
 from ..config import ExperimentConfig
 from ..data import bottleneck_teacher
@@ -417,6 +418,12 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     summary = {"k_star": bottleneck_rank(cfg), **main, "units": per_unit}
     return Analysis(f4_claims(cfg, results), figures, tables, summary, [lambda_note(cfg)])
 
+
+CATALOG = (
+    Entry(
+        "leaky-bottleneck", ("quick", "tiny", "paper"), "Jacot & Kaiser Fig. 1: a k*-dim bottleneck in the middle", 11
+    ),
+)
 
 EXPERIMENT = Experiment(
     name="leaky-bottleneck",

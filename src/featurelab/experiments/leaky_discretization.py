@@ -27,6 +27,7 @@ import torch
 from pydantic import Field, PositiveInt, model_validator
 from sklearn.decomposition import PCA
 
+from ..catalog import Entry
 from ..claims import claim, margin
 from ..figures import plt
 from ..measurements import effective_rank, singular_values
@@ -385,6 +386,10 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         notes,
     )
 
+
+CATALOG = (
+    Entry("leaky-discretization", ("quick", "tiny", "paper"), "Jacot & Kaiser Fig. 2: equidistant/adaptive steps", 13),
+)
 
 EXPERIMENT = Experiment(
     name="leaky-discretization",

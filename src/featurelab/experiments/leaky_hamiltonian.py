@@ -22,6 +22,7 @@ import pandas as pd
 from pydantic import Field, PositiveFloat, model_validator
 from scipy.stats import spearmanr
 
+from ..catalog import Entry
 from ..claims import claim, fmt, margin
 from ..figures import plt
 from ..measurements import singular_values
@@ -550,6 +551,12 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     }
     return Analysis(claims, figures, {"per_depth": t, "layers": all_layers}, summary, notes)
 
+
+CATALOG = (
+    Entry(
+        "leaky-hamiltonian", ("quick", "tiny", "paper"), "Jacot & Kaiser Figs. 1, 3: Hamiltonian, cost of identity", 12
+    ),
+)
 
 EXPERIMENT = Experiment(
     name="leaky-hamiltonian",

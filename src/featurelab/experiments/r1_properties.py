@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 from pydantic import Field, PositiveFloat, field_validator
 
+from ..catalog import Entry
 from ..claims import claim, margin
 from ..config import ExperimentConfig
 from ..data.bn_tasks import R1_TASKS, r1_task
@@ -542,6 +543,10 @@ def _figure(cfg: Config, rows: pd.DataFrame, fits: dict):
     fig.tight_layout()
     return fig
 
+
+CATALOG = (
+    Entry("r1-properties", ("quick", "tiny", "paper"), "Jacot 2023 Theorem 3, Prop. 5: R(1) of trained nets", 22),
+)
 
 EXPERIMENT = Experiment(
     name="r1-properties",

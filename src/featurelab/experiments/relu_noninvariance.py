@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 from pydantic import Field, PositiveFloat
 
+from ..catalog import Entry
 from ..claims import claim, margin, threshold_claim
 from ..config import ExperimentConfig
 from ..data.separable import separable
@@ -263,6 +264,10 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     }
     return Analysis(claims, {"block_drift": fig}, {"drift": table}, summary, notes)
 
+
+CATALOG = (
+    Entry("relu-noninvariance", ("quick", "tiny", "paper"), "Le & Jegelka Lemma 4: ReLU Gram differences move", 53),
+)
 
 EXPERIMENT = Experiment(
     name="relu-noninvariance",

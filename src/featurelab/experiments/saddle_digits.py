@@ -37,6 +37,7 @@ import torch
 from pydantic import Field
 from scipy.stats import spearmanr
 
+from ..catalog import Entry
 from ..claims import Claim, claim, margin
 from ..config import ExperimentConfig
 from ..data import digits, mnist
@@ -533,6 +534,11 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ]
     return Analysis(claims, figures, tables, summary, notes)
 
+
+CATALOG = (
+    Entry("saddle-digits", ("quick", "tiny", "paper"), "Bantzis et al. Fig. 1: plateaus at ln 10 and beyond", 42),
+    Entry("saddle-mnist", ("quick", "paper", "depth4"), "Bantzis et al. Fig. 1 on local MNIST files", 43),
+)
 
 EXPERIMENT = Experiment(
     name="saddle-digits",

@@ -33,6 +33,7 @@ from sklearn.linear_model import LinearRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import PolynomialFeatures
 
+from ..catalog import Entry
 from ..claims import claim, margin
 from ..config import ExperimentConfig
 from ..data.bn_tasks import symmetry_gd, symmetry_task
@@ -377,6 +378,10 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ]
     return Analysis(claims, figures, {"checks": table}, table.to_dict("records"), notes)
 
+
+CATALOG = (
+    Entry("symmetry-learning", ("quick", "tiny", "paper"), "Jacot 2023 Fig. 2: a 2-D bottleneck learns symmetries", 23),
+)
 
 EXPERIMENT = Experiment(
     name="symmetry-learning",

@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 from pydantic import Field, PositiveInt
 
+from ..catalog import Entry
 from ..claims import claim, margin, threshold_claim
 from ..config import ExperimentConfig
 from ..data import Dataset, digits, mnist
@@ -413,6 +414,10 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     figures["width_plateau"] = fig
     return Analysis(claims, figures, tables, summary, notes)
 
+
+CATALOG = (
+    Entry("width-plateau", ("quick", "tiny", "paper"), "Jacot et al. 2022 Fig. 2: the loss plateaus in the width", 32),
+)
 
 EXPERIMENT = Experiment(
     name="width-plateau",
