@@ -153,13 +153,17 @@ def claim(
     )
 
 
+RELATIONS = ("<=", ">=", "==", "<", ">")
+
+
 @dataclass(frozen=True)
 class Threshold:
-    """The threshold of a claim, ``measured <relation> bound`` ("==": within ``atol + rtol·|bound|``; the
-    inequalities include their bound), with where its number comes from: `source` names the paper's number
-    (authors, year, section or figure, arXiv id) or says it is ours and why. One comparison, `margin`, gives
-    both the verdict (``margin >= 0``) and the claim's margin; experiments name their thresholds as
-    module-level constants, and ``tests/test_thresholds.py`` pins them against the numbers the docs state."""
+    """The threshold of a claim, ``measured <relation> bound`` ("==": within ``atol + rtol·|bound|``; "<=" and
+    ">=" include their bound, "<" and ">" do not), with where its number comes from: `source` names the paper's
+    number (authors, year, section or figure, arXiv id) or says it is ours and why. One comparison, `margin`,
+    gives both the verdict (``margin >= 0``; ``> 0`` for a strict relation) and the claim's margin. Experiments
+    name their thresholds as module-level constants; ``tests/test_thresholds.py`` pins them against the numbers
+    the docs state."""
 
     bound: float
     relation: str = ">="
@@ -168,8 +172,8 @@ class Threshold:
     source: str = ""
 
     def __post_init__(self):
-        if self.relation not in ("<=", ">=", "=="):
-            raise ValueError(f"relation must be one of '<=', '>=', '==', got {self.relation!r}")
+        if self.relation not in RELATIONS:
+            raise ValueError(f"relation must be one of {RELATIONS}, got {self.relation!r}")
 
     def at(self, bound: float) -> Threshold:
         """The same comparison and tolerance about another `bound` (a bound that depends on the data, such as
@@ -177,12 +181,14 @@ class Threshold:
         return replace(self, bound=float(bound))
 
     def margin(self, measured: float) -> float:
-        """`margin` of `measured` to this threshold: >= 0 iff it holds; NaN for a NaN measurement."""
-        return margin(float(measured), self.bound, self.relation, self.rtol, self.atol)
+        """`margin` of `measured` to this threshold (a strict relation's as its non-strict one's); NaN for NaN."""
+        relation = {"<": "<=", ">": ">="}.get(self.relation, self.relation)
+        return margin(float(measured), self.bound, relation, self.rtol, self.atol)
 
     def holds(self, measured: float) -> bool:
-        """Whether `measured` meets this threshold (False for NaN)."""
-        return bool(self.margin(measured) >= 0)
+        """Whether `measured` meets this threshold: its margin is >= 0 (> 0 for "<" and ">"); False for NaN."""
+        m = self.margin(measured)
+        return bool(m > 0 if self.relation in ("<", ">") else m >= 0)
 
     @property
     def expected(self) -> str:
@@ -228,12 +234,14 @@ def all_of_claim(
     premise: str = "",
 ) -> Claim:
     """The `Claim` that every ``(value, threshold)`` of `comparisons` holds (`Threshold`): its margin is the
-    smallest of their margins and its verdict that margin's sign, one comparison for both; NaN anywhere (or no
+    smallest of their margins and its verdict that every one holds (the smallest margin's sign, for thresholds
+    that include their bound); NaN anywhere (or no
     comparison at all) fails, with no margin. `expected`, `measured` and `tolerance` are the report's text
     (default: the one comparison's own)."""
     pairs = [(float(v), th) for v, th in comparisons]
     margins = [th.margin(v) for v, th in pairs]
     worst = math.nan if not margins or any(math.isnan(m) for m in margins) else min(margins)
+    passed = bool(pairs) and all(th.holds(v) for v, th in pairs)
     if len(pairs) == 1:
         expected = pairs[0][1].expected if expected is None else expected
         measured = pairs[0][0] if measured is None else measured
@@ -243,7 +251,7 @@ def all_of_claim(
         reference,
         "" if expected is None else expected,
         measured,
-        bool(worst >= 0),
+        passed,
         tolerance or "",
         id=id,
         margin=worst,
