@@ -30,7 +30,7 @@ import torch
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from ..catalog import Entry
-from ..claims import claim, margin
+from ..claims import Threshold, all_of_claim
 from ..config import ExperimentConfig
 from ..data import bottleneck_teacher
 from ..figures import plt
@@ -88,6 +88,7 @@ def check_depth(depth: int, Lt: float, steps: str) -> None:
         )
 
 
+REFERENCE = "Jacot & Kaiser 2024 (arXiv 2405.17573) Fig. 1 and App. B; docs/theory/leaky-resnets.md §5.3 F4"
 PAPER_LAM = 0.002  # App. B's λ; Part 1's loss (1/N)‖f(X) − Y‖²_F + (λ/2L̃)Σρ_l‖W_l‖²_F is featurelab's
 
 PRESETS = {
@@ -124,7 +125,13 @@ PRESETS = {
     },
 }
 
-GAP = 10.0  # F4's "clear separation": s_{k*} >= 10 s_{k*+1} (docs/theory/leaky-resnets.md §5.3 F4)
+F4_GAP = Threshold(
+    10.0,
+    ">=",
+    source="Jacot & Kaiser 2024 (arXiv 2405.17573) Fig. 1, App. B: 'a clear separation' between the k* large "
+    "singular values and the rest; the factor 10 is ours (docs/theory/leaky-resnets.md §5.3 F4)",
+)
+GAP = F4_GAP.bound  # F4's "clear separation": s_{k*} >= 10 s_{k*+1}
 
 
 def lambda_note(cfg: Config) -> str:
@@ -218,24 +225,23 @@ def mean_free_layer_weights(model: LeakyResNet, X: torch.Tensor) -> list[torch.T
 
 def f4_claim(k: int, kinds: list[str], gap_min: float, where: str = "", id: str = "f4-bottleneck-gap"):
     """The `f4-bottleneck-gap` claim from the `bottleneck_kind` of every bottleneck layer; gap_min is the smallest
-    `f4_gap` among them, and the margin is its relative distance to `GAP`, ``gap_min/GAP − 1`` (the layer that
-    decides the verdict)."""
+    `f4_gap` among them, and the claim is ``gap_min >= GAP`` (a layer passes `bottleneck_kind` iff its `f4_gap`
+    does, so the layer that decides the verdict decides the margin, ``gap_min/GAP − 1``); no layer fails."""
     good, total = sum(kind in ("k*", "k*+1 (bias)") for kind in kinds), len(kinds)
-    return claim(
+    return all_of_claim(
         f"F4{where}: every bottleneck layer (p in [1/4, 3/4)) has k* = {k} dominant singular values of W_l, "
         f">= {GAP:g}x above the rest (k*+1 only when the extra one is the bias direction)",
-        "Jacot & Kaiser Fig. 1 and App. B; docs/theory/leaky-resnets.md §5.3 F4",
-        f"all {total} layers",
-        {
+        REFERENCE,
+        [(gap_min if total else float("nan"), F4_GAP)],
+        expected=f"all {total} layers",
+        measured={
             "layers with the gap": good,
             "of": total,
             "k*+1 values, the extra not the bias's": kinds.count("k*+1 (not bias)"),
             "min F4 gap": gap_min,
         },
-        total > 0 and good == total,
-        f"gap >= {GAP:g}",
+        tolerance=f"gap >= {GAP:g}",
         id=id,
-        margin=margin(gap_min, GAP, ">=") if total else None,
     )
 
 
