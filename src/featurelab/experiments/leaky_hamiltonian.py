@@ -23,7 +23,7 @@ from pydantic import Field, PositiveFloat, model_validator
 from scipy.stats import spearmanr
 
 from ..catalog import Entry
-from ..claims import claim, fmt, margin
+from ..claims import Threshold, all_of_claim, fmt
 from ..figures import plt
 from ..measurements import singular_values
 from ..measurements.hamiltonian import geodesic_diagnostics
@@ -177,10 +177,6 @@ def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[fl
     return pd.DataFrame(rows).sort_values("effective_depth").reset_index(drop=True)
 
 
-def increasing(x) -> bool:
-    return bool(np.all(np.diff(np.asarray(x, dtype=float)) > 0))
-
-
 def rise_margin(x) -> float:
     """The margin of "x strictly increases": its smallest step relative to its largest |x| (< 0 where it falls)."""
     x = np.asarray(x, dtype=float)
@@ -198,104 +194,135 @@ def speed_ratio(df: pd.DataFrame) -> np.ndarray:
 
 SPEED_FACTOR = 1.5  # [ours] F5's two sides agree within this factor at every layer
 
+# Thresholds of Q1-Q7 (docs/theory/leaky-resnets.md §5.4, our quick-preset checks of Jacot & Kaiser 2024, arXiv
+# 2405.17573, Figs. 1 and 3) and F1-F5, Fig. 3 (§5.3, the paper's observations). "==" windows about k* are given
+# as offsets from k* (`Threshold.at(k + offset)`).
+RISES = Threshold(0.0, ">", source="Jacot & Kaiser 2024 Fig. 1: strictly monotone in L̃ (smallest step > 0)")
+SPEARMAN_TREND = Threshold(0.8, ">=", source="ours: a monotone trend in L̃ read as |Spearman| >= 0.8 (§5.3 F1, F2)")
+COI_NEAR_K = Threshold(
+    0.5, "==", atol=1.0, source="ours: min COI_γ in [k*-0.5, k*+1.5] at the largest L̃ (§5.4 Q2, §5.3 F2)"
+)
+COI_ABOVE_K = Threshold(-0.5, ">=", source="ours: min COI_γ >= k*-0.5 at every L̃ (§5.3 F2)")
+H_NEAR_K = Threshold(-0.5, "==", atol=0.5, source="Jacot & Kaiser 2024 Fig. 1(a): ĥ in [k*-1, k*] at the largest L̃")
+H_BELOW_K = Threshold(0.0, "<=", source="Jacot & Kaiser 2024 Theorem 4 eq. 4: ĥ approaches k* from below")
+KAPPA_AT_ENDS = Threshold(10.0, ">=", source="ours: κ at the ends >= 10x its mid-half median (§5.4 Q5, §5.3 F5)")
+COI_MID_NEAR_K = Threshold(0.0, "==", atol=1.0, source="ours: mid-half COI_γ within 1 of k* (§5.3 F5)")
+H_FLAT = Threshold(0.25, "<=", source="ours: ĥ's spread over layers <= 0.25x COI_γ's and κ's (§5.4 Q7, §5.3 F3)")
+H_GAP_MID = Threshold(0.5, "<=", source="ours: mid-half median |ĥ_γ − ĥ| <= 0.5 (§5.3 F3)")
+BOUNDED = Threshold(10.0, "<=", source="ours: 'of the same order' over L̃ read as max/min <= 10 (§5.3 Fig. 3)")
+SPEED = Threshold(
+    float(np.log(SPEED_FACTOR)), "<=", source="ours: Theorem 4 (b)'s two sides within a factor 1.5 (§3.5 (b))"
+)
+
+
+def _over(frame: pd.DataFrame, value) -> float:
+    """`value` (a number read off the L̃ >= 5 rows `frame`), NaN when there are none (the claim then fails)."""
+    return float(value) if len(frame) else float("nan")
+
 
 def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
-    """Q1-Q7 of Part 1 §5.4, F4 at the largest L̃, F1 and F5; margins as in `featurelab.claims.margin` on the
-    number that decides each. Premise "critical" where the statement rests on the critical-point equations: the
-    Hamiltonians ĥ, ĥ_γ (conserved only there, §3.2: Q1, Q3, Q7, F1), Prop. 5's non-negativity (Q6) and
-    Theorem 4 (F5); the observations of Fig. 1 on trained nets (COI, spectra, κ: Q2, Q4, Q5, F4) have none."""
+    """Q1-Q7 of docs/theory/leaky-resnets.md §5.4, F4 at the largest L̃, F1 and F5; each from its thresholds
+    above. Premise "critical" where the statement rests on the critical-point equations: the Hamiltonians ĥ, ĥ_γ
+    (conserved only there, §3.2: Q1, Q3, Q7, F1), Prop. 5's non-negativity (Q6) and Theorem 4 (F5); the
+    observations of Fig. 1 on trained nets (COI, spectra, κ: Q2, Q4, Q5, F4) have none."""
     k = lb.bottleneck_rank(cfg)
     Lts = t["effective_depth"].tolist()
-    big = t[t["effective_depth"] >= LARGE]
+    return [
+        *hamiltonian_rise_claims(k, t),
+        lb.f4_claim(k, t["f4_kinds"].iloc[-1], t["f4_gap_min"].iloc[-1], f" at L̃ = {Lts[-1]:g}"),
+        *quick_shape_claims(t),
+        f1_claim(k, t),
+        f5_speed_claim(t[t["effective_depth"] >= LARGE]),
+    ]
+
+
+def hamiltonian_rise_claims(k: int, t: pd.DataFrame) -> list:
+    """Q1-Q3: ĥ and ĥ_γ rise with L̃, min COI_γ falls to near k*, ĥ_γ stays below it."""
+    Lts, last_coi = t["effective_depth"].tolist(), float(t["min_coi"].iloc[-1])
     r = fmt(dict(zip(Lts, t["residual_median"])), 2)
-    last_coi = float(t["min_coi"].iloc[-1])
+    return [
+        all_of_claim(
+            f"Q1: median ĥ_γ and median ĥ increase with L̃ (median r by L̃: {r}; ĥ is no k* estimate here)",
+            REF,
+            [(rise_margin(t["h_gamma_median"]), RISES), (rise_margin(t["h_median"]), RISES)],
+            expected="both strictly increasing",
+            measured={"h_gamma": t["h_gamma_median"].tolist(), "h": t["h_median"].tolist()},
+            id="q1-hamiltonians-increase",
+            premise="critical",
+        ),
+        all_of_claim(
+            f"Q2: min_l COI_γ decreases with L̃ and is in [k*-0.5, k*+1.5] at L̃ = {Lts[-1]:g}",
+            REF,
+            [(rise_margin(-t["min_coi"]), RISES), (last_coi, COI_NEAR_K.at(k + COI_NEAR_K.bound))],
+            expected=f"decreasing; last in [{k - 0.5}, {k + 1.5}]",
+            measured=t["min_coi"].tolist(),
+            id="q2-coi-decreases",
+        ),
+        all_of_claim(
+            "Q3: median ĥ_γ < min_l COI_γ at each L̃",
+            REF,
+            [(h, Threshold(c, "<")) for h, c in zip(t["h_gamma_median"], t["min_coi"])],
+            expected="ĥ_γ < COI_γ",
+            measured=(t["min_coi"] - t["h_gamma_median"]).tolist(),
+            tolerance="difference > 0",
+            id="q3-hgamma-below-coi",
+            premise="critical",
+        ),
+    ]
+
+
+def quick_shape_claims(t: pd.DataFrame) -> list:
+    """Q4-Q7: no F4 gap at the smallest L̃, κ large at the input, the negativity falling, ĥ_γ flat over layers."""
+    big = t[t["effective_depth"] >= LARGE]
     kappa_ratio = (big["kappa_first"] / big["kappa_mid_median"]).to_numpy()
     flat = (big["h_gamma_spread"] / big["coi_spread"]).to_numpy()
     small_gaps = t["f4_gap_max"].iloc[0]
-    out = [
-        claim(
-            f"Q1: median ĥ_γ and median ĥ increase with L̃ (median r by L̃: {r}; ĥ is no k* estimate here)",
+    return [
+        all_of_claim(
+            f"Q4: at L̃ = {t['effective_depth'].iloc[0]:g} no bottleneck layer has F4's gap (no bottleneck at small L̃)",
             REF,
-            "both strictly increasing",
-            {"h_gamma": t["h_gamma_median"].tolist(), "h": t["h_median"].tolist()},
-            increasing(t["h_gamma_median"]) and increasing(t["h_median"]),
-            id="q1-hamiltonians-increase",
-            margin=min(rise_margin(t["h_gamma_median"]), rise_margin(t["h_median"])),
-            premise="critical",
-        ),
-        claim(
-            f"Q2: min_l COI_γ decreases with L̃ and is in [k*-0.5, k*+1.5] at L̃ = {Lts[-1]:g}",
-            REF,
-            f"decreasing; last in [{k - 0.5}, {k + 1.5}]",
-            t["min_coi"].tolist(),
-            increasing(-t["min_coi"]) and k - 0.5 <= last_coi <= k + 1.5,
-            id="q2-coi-decreases",
-            margin=min(rise_margin(-t["min_coi"]), margin(last_coi, k + 0.5, "==", atol=1.0)),
-        ),
-        claim(
-            "Q3: median ĥ_γ < min_l COI_γ at each L̃",
-            REF,
-            "ĥ_γ < COI_γ",
-            (t["min_coi"] - t["h_gamma_median"]).tolist(),
-            bool((t["h_gamma_median"] < t["min_coi"]).all()),
-            "difference > 0",
-            id="q3-hgamma-below-coi",
-            margin=min(margin(h, c, "<=") for h, c in zip(t["h_gamma_median"], t["min_coi"])),
-            premise="critical",
-        ),
-        lb.f4_claim(k, t["f4_kinds"].iloc[-1], t["f4_gap_min"].iloc[-1], f" at L̃ = {Lts[-1]:g}"),
-        claim(
-            f"Q4: at L̃ = {Lts[0]:g} no bottleneck layer has F4's gap (no bottleneck at small L̃)",
-            REF,
-            f"0 layers (largest F4 gap < {lb.GAP:g})",
-            {
+            [(small_gaps, Threshold(lb.GAP, "<"))],
+            expected=f"0 layers (largest F4 gap < {lb.GAP:g})",
+            measured={
                 "layers with the gap": int(t["f4_layers_with_gap"].iloc[0]),
                 "of": len(t["f4_kinds"].iloc[0]),
                 "largest F4 gap": small_gaps,
             },
-            t["f4_layers_with_gap"].iloc[0] == 0,
             id="q4-no-gap-small-depth",
-            margin=margin(small_gaps, lb.GAP, "<="),
         ),
-        claim(
-            "Q5: at L̃ >= 5 the first-layer κ is >= 10x the mid-half median κ",
+        all_of_claim(
+            f"Q5: at L̃ >= 5 the first-layer κ is >= {KAPPA_AT_ENDS.bound:g}x the mid-half median κ",
             REF,
-            ">= 10",
-            kappa_ratio.tolist(),
-            bool((kappa_ratio >= 10).all()) and len(big) > 0,
+            [(_over(big, kappa_ratio.min(initial=np.inf)), KAPPA_AT_ENDS)],
+            expected=f">= {KAPPA_AT_ENDS.bound:g}",
+            measured=kappa_ratio.tolist(),
             id="q5-kappa-large-at-input",
-            margin=margin(float(kappa_ratio.min()), 10.0) if len(big) else None,
         ),
-        claim(
+        all_of_claim(
             "Q6: the mid-half negativity max_l ‖min(A,0)‖/‖A‖ decreases with L̃",
             REF + "; Prop. 5",
-            "strictly decreasing",
-            t["negativity_mid_max"].tolist(),
-            increasing(-t["negativity_mid_max"]),
+            [(rise_margin(-t["negativity_mid_max"]), RISES)],
+            expected="strictly decreasing",
+            measured=t["negativity_mid_max"].tolist(),
             id="q6-negativity-decreases",
-            margin=rise_margin(-t["negativity_mid_max"]),
             premise="critical",
         ),
-        claim(
-            "Q7: at L̃ >= 5 the spread over layers of ĥ_γ is <= 0.25x that of COI_γ",
+        all_of_claim(
+            f"Q7: at L̃ >= 5 the spread over layers of ĥ_γ is <= {H_FLAT.bound:g}x that of COI_γ",
             REF,
-            "<= 0.25",
-            flat.tolist(),
-            bool((flat <= 0.25).all()) and len(big) > 0,
+            [(_over(big, flat.max(initial=-np.inf)), H_FLAT)],
+            expected=f"<= {H_FLAT.bound:g}",
+            measured=flat.tolist(),
             id="q7-hgamma-flat",
-            margin=margin(float(flat.max()), 0.25, "<=") if len(big) else None,
             premise="critical",
         ),
-        f1_claim(k, t),
-        f5_speed_claim(big),
     ]
-    return out
 
 
 def f1_claim(k: int, t: pd.DataFrame):
     """F1: median ĥ and ĥ_γ rise towards k* from below as L̃ grows: increasing in L̃ (Spearman >= 0.8), never
     above k*, and within one rank unit below k* at the largest L̃ (Jacot & Kaiser Fig. 1(a), Theorem 4 eq. 4).
-    ĥ is conserved along the depth only at a critical point (Part 1 §3.2): premise "critical". The margin is the
+    ĥ is conserved along the depth only at a critical point (§3.2): premise "critical". The margin is the
     smallest of the conditions' margins (Spearman against 0.8, the maximum against k*, the last values' share of
     the [k*-1, k*] window left)."""
     rho_h = spearmanr(t["effective_depth"], t["h_median"]).statistic
@@ -303,33 +330,28 @@ def f1_claim(k: int, t: pd.DataFrame):
     last = t.iloc[-1]
     r = last["residual_median"]
     top = float(t[["h_median", "h_gamma_median"]].max().max())
-    m = min(
-        margin(rho_h, 0.8),
-        margin(rho_hg, 0.8),
-        margin(top, k, "<="),
-        margin(last["h_median"], k - 0.5, "==", atol=0.5),
-        margin(last["h_gamma_median"], k - 0.5, "==", atol=0.5),
-    )
-    return claim(
+    near = H_NEAR_K.at(k + H_NEAR_K.bound)
+    return all_of_claim(
         f"F1: median ĥ and ĥ_γ rise towards k* = {k} from below as L̃ grows (Spearman with L̃ >= 0.8, never above "
         f"k*, in [k*-1, k*] at the largest L̃; median r there {r:.3g})",
         FIG1,
-        f"rising to k* = {k}, all <= {k}",
-        {
+        [
+            (rho_h, SPEARMAN_TREND),
+            (rho_hg, SPEARMAN_TREND),
+            (top, H_BELOW_K.at(k + H_BELOW_K.bound)),
+            (last["h_median"], near),
+            (last["h_gamma_median"], near),
+        ],
+        expected=f"rising to k* = {k}, all <= {k}",
+        measured={
             "spearman_h": rho_h,
             "spearman_h_gamma": rho_hg,
             "max": top,
             "h_last": last["h_median"],
             "h_gamma_last": last["h_gamma_median"],
         },
-        rho_h >= 0.8
-        and rho_hg >= 0.8
-        and (t[["h_median", "h_gamma_median"]] <= k).all().all()
-        and k - 1 <= last["h_median"] <= k
-        and k - 1 <= last["h_gamma_median"] <= k,
-        "none above k*",
+        tolerance="none above k*",
         id="f1-hamiltonian-from-below",
-        margin=m,
         premise="critical",
     )
 
@@ -339,126 +361,129 @@ def f5_speed_claim(big: pd.DataFrame):
     (`speed_ratio`) within `SPEED_FACTOR` at every layer, for L̃ >= 5. The theorem's additive bound
     2L̃√γ‖B_l‖ is reported (the largest |left − right| over it), not tested: at γ = 1e-3‖K‖ it is 10-100x the
     sides' difference, so it cannot fail. Margin on the worst layer's |ln ratio| against ln `SPEED_FACTOR`."""
-    worst = float(big["speed_log_ratio_max"].max()) if len(big) else float("nan")
-    return claim(
+    return all_of_claim(
         "F5 (Theorem 4 (b), tight form): at L̃ >= 5 the speed ‖∂_pA‖_(K+γI) equals L̃ times the square root of the "
         f"extra COI (COI_γ − ĥ) within a factor {SPEED_FACTOR:g} at every layer",
-        'Jacot & Kaiser Theorem 4 (b) ("‖∂_pA_p‖_(K_p+γI) = L̃√(COI_γ − ĥ) up to 2L̃√γ‖B_p‖") and Fig. 1; '
-        "docs/theory/leaky-resnets.md §3.5 (b)",
-        f"max_l |ln ratio| <= ln {SPEED_FACTOR:g}",
-        {
+        'Jacot & Kaiser 2024 (arXiv 2405.17573) Theorem 4 (b) ("‖∂_pA_p‖_(K_p+γI) = L̃√(COI_γ − ĥ) up to '
+        '2L̃√γ‖B_p‖") and Fig. 1; docs/theory/leaky-resnets.md §3.5 (b)',
+        [(_over(big, big["speed_log_ratio_max"].max()), SPEED)],
+        expected=f"max_l |ln ratio| <= ln {SPEED_FACTOR:g}",
+        measured={
             "max |ln ratio| by L̃": dict(zip(big["effective_depth"], big["speed_log_ratio_max"])),
-            "theorem's bound used (max |left − right|/(2L̃√γ‖B‖))": float(big["slack_b_share_max"].max())
-            if len(big)
-            else float("nan"),
+            "theorem's bound used (max |left − right|/(2L̃√γ‖B‖))": _over(big, big["slack_b_share_max"].max()),
         },
-        len(big) > 0 and worst <= np.log(SPEED_FACTOR),
-        "[ours] factor 1.5",
+        tolerance="[ours] factor 1.5",
         id="f5-thm4b-speed",
-        margin=margin(worst, float(np.log(SPEED_FACTOR)), "<=") if len(big) else None,
         premise="critical",
     )
 
 
 def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
-    """F1-F5 and Fig. 3 of Part 1 §5.3 at the paper's sizes; premise "critical" on the Hamiltonian and Theorem-4
-    statements (F1, F2's slack (d), F3, F5's speed), none on the observations of Figs. 1 and 3."""
+    """F1-F5 and Fig. 3 of docs/theory/leaky-resnets.md §5.3 at the paper's sizes; premise "critical" on the
+    Hamiltonian and Theorem-4 statements (F1, F2's slack (d), F3, F5's speed), none on the observations of
+    Figs. 1 and 3."""
     k = lb.bottleneck_rank(cfg)
     big = t[t["effective_depth"] >= LARGE]
+    return [
+        f1_claim(k, t),
+        f2_claim(k, t),
+        f3_claim(big),
+        lb.f4_claim(k, sum(big["f4_kinds"], []), big["f4_gap_min"].min(), " at L̃ >= 5"),
+        all_of_claim(
+            f"F4: at L̃ >= 5 no gap near p = 0, 1: s_k*/s_k*+1 of the first and last W_l below {lb.GAP:g}",
+            FIG1,
+            [(_over(big, big[["gap_first", "gap_last"]].to_numpy().max(initial=-np.inf)), Threshold(lb.GAP, "<"))],
+            expected=f"< {lb.GAP:g}",
+            measured={"first": big["gap_first"].tolist(), "last": big["gap_last"].tolist()},
+            id="f4-no-gap-at-ends",
+        ),
+        f5_kinetic_claim(k, big),
+        f5_speed_claim(big),
+        fig3_claim(t),
+    ]
+
+
+def f2_claim(k: int, t: pd.DataFrame):
+    """F2: min COI_γ falls towards k* from above and stays >= median ĥ up to the slack of §3.5 (c)."""
     rho_c = spearmanr(t["effective_depth"], t["min_coi"]).statistic
     last = t.iloc[-1]
+    return all_of_claim(
+        "F2: min_l COI_γ falls towards k* from above (Spearman <= -0.8, all >= k*-0.5, last in [k*-0.5, k*+1.5]) "
+        "and stays >= median ĥ up to the slack of §3.5(c)",
+        FIG1,
+        [
+            (rho_c, Threshold(-SPEARMAN_TREND.bound, "<=")),
+            (float(t["min_coi"].min()), COI_ABOVE_K.at(k + COI_ABOVE_K.bound)),
+            (float(last["min_coi"]), COI_NEAR_K.at(k + COI_NEAR_K.bound)),
+            (float(t["slack_d_upper"].min()), Threshold(0.0, ">=")),
+        ],
+        expected=f"falling to k* = {k}",
+        measured={"spearman": rho_c, "last": last["min_coi"], "min slack (d) upper": float(t["slack_d_upper"].min())},
+        tolerance="[ours] [-0.5, +1.5]",
+        id="f2-coi-from-above",
+        premise="critical",
+    )
+
+
+def f3_claim(big: pd.DataFrame):
+    """F3: at L̃ >= 5 ĥ is flat over the layers next to COI_γ and κ, and ĥ_γ ≈ ĥ in the mid-half."""
+    flat_coi = (big["h_spread"] / big["coi_spread"]).to_numpy()
+    flat_kappa = (big["h_spread"] / big["kappa_spread"]).to_numpy()
+    return all_of_claim(
+        f"F3: at L̃ >= 5, ĥ varies <= {H_FLAT.bound:g}x as much over layers as COI_γ and κ; mid-half |ĥ_γ - ĥ| "
+        f"median <= {H_GAP_MID.bound:g}",
+        FIG1,
+        [
+            (_over(big, np.maximum(flat_coi, flat_kappa).max(initial=-np.inf)), H_FLAT),
+            (_over(big, big["h_gap_mid_median"].max()), H_GAP_MID),
+        ],
+        expected=f"<= {H_FLAT.bound:g}; <= {H_GAP_MID.bound:g}",
+        measured={
+            "ratio_coi": flat_coi.tolist(),
+            "ratio_kappa": flat_kappa.tolist(),
+            "gap": big["h_gap_mid_median"].tolist(),
+        },
+        tolerance="[ours]",
+        id="f3-hamiltonian-flat",
+        premise="critical",
+    )
+
+
+def f5_kinetic_claim(k: int, big: pd.DataFrame):
+    """F5: at L̃ >= 5 κ is large at both ends and the mid-half COI_γ is near k*."""
+    kin = np.concatenate([big["kappa_first"] / big["kappa_mid_median"], big["kappa_last"] / big["kappa_mid_median"]])
+    near = COI_MID_NEAR_K.at(k + COI_MID_NEAR_K.bound)
+    return all_of_claim(
+        f"F5: at L̃ >= 5, κ at both ends >= {KAPPA_AT_ENDS.bound:g}x its mid-half median, and mid-half median COI_γ "
+        f"within {COI_MID_NEAR_K.atol:g} of k*",
+        FIG1,
+        [(_over(big, kin.min(initial=np.inf)), KAPPA_AT_ENDS), *((float(c), near) for c in big["coi_mid_median"])],
+        expected=f">= {KAPPA_AT_ENDS.bound:g}; |COI_γ - k*| <= {COI_MID_NEAR_K.atol:g}",
+        measured={
+            "first": (big["kappa_first"] / big["kappa_mid_median"]).tolist(),
+            "last": (big["kappa_last"] / big["kappa_mid_median"]).tolist(),
+            "coi": big["coi_mid_median"].tolist(),
+        },
+        tolerance="[ours] 1 rank unit",
+        id="f5-kinetic-at-ends",
+    )
+
+
+def fig3_claim(t: pd.DataFrame):
+    """Fig. 3: the norms and path lengths stay of the same order over L̃ (max/min <= `BOUNDED`)."""
     bounded = {
         c: float(t[c].max() / t[c].min()) for c in ("B_norm_max", "BS_norm_max", "path_length_F", "path_length_gamma")
     }
-    flat_coi = (big["h_spread"] / big["coi_spread"]).to_numpy()
-    flat_kappa = (big["h_spread"] / big["kappa_spread"]).to_numpy()
-    ends = big[["gap_first", "gap_last"]].to_numpy()
-    kin = np.concatenate([big["kappa_first"] / big["kappa_mid_median"], big["kappa_last"] / big["kappa_mid_median"]])
-    has_big = len(big) > 0
-    return [
-        f1_claim(k, t),
-        claim(
-            "F2: min_l COI_γ falls towards k* from above (Spearman <= -0.8, all >= k*-0.5, last in [k*-0.5, k*+1.5]) "
-            "and stays >= median ĥ up to the slack of §3.5(c)",
-            FIG1,
-            f"falling to k* = {k}",
-            {"spearman": rho_c, "last": last["min_coi"], "min slack (d) upper": float(t["slack_d_upper"].min())},
-            rho_c <= -0.8
-            and (t["min_coi"] >= k - 0.5).all()
-            and k - 0.5 <= last["min_coi"] <= k + 1.5
-            and (t["slack_d_upper"] >= 0).all(),
-            "[ours] [-0.5, +1.5]",
-            id="f2-coi-from-above",
-            margin=min(
-                margin(rho_c, -0.8, "<="),
-                margin(float(t["min_coi"].min()), k - 0.5),
-                margin(float(last["min_coi"]), k + 0.5, "==", atol=1.0),
-                margin(float(t["slack_d_upper"].min()), 0.0),
-            ),
-            premise="critical",
-        ),
-        claim(
-            "F3: at L̃ >= 5, ĥ varies <= 0.25x as much over layers as COI_γ and κ; mid-half |ĥ_γ - ĥ| median <= 0.5",
-            FIG1,
-            "<= 0.25; <= 0.5",
-            {
-                "ratio_coi": flat_coi.tolist(),
-                "ratio_kappa": flat_kappa.tolist(),
-                "gap": big["h_gap_mid_median"].tolist(),
-            },
-            has_big
-            and bool((np.maximum(flat_coi, flat_kappa) <= 0.25).all() and (big["h_gap_mid_median"] <= 0.5).all()),
-            "[ours]",
-            id="f3-hamiltonian-flat",
-            margin=min(
-                margin(float(np.max(np.maximum(flat_coi, flat_kappa))), 0.25, "<="),
-                margin(float(big["h_gap_mid_median"].max()), 0.5, "<="),
-            )
-            if has_big
-            else None,
-            premise="critical",
-        ),
-        lb.f4_claim(k, sum(big["f4_kinds"], []), big["f4_gap_min"].min(), " at L̃ >= 5"),
-        claim(
-            f"F4: at L̃ >= 5 no gap near p = 0, 1: s_k*/s_k*+1 of the first and last W_l below {lb.GAP:g}",
-            FIG1,
-            f"< {lb.GAP:g}",
-            {"first": big["gap_first"].tolist(), "last": big["gap_last"].tolist()},
-            has_big and bool((ends < lb.GAP).all()),
-            id="f4-no-gap-at-ends",
-            margin=margin(float(ends.max()), lb.GAP, "<=") if has_big else None,
-        ),
-        claim(
-            "F5: at L̃ >= 5, κ at both ends >= 10x its mid-half median, and mid-half median COI_γ within 1 of k*",
-            FIG1,
-            ">= 10; |COI_γ - k*| <= 1",
-            {
-                "first": (big["kappa_first"] / big["kappa_mid_median"]).tolist(),
-                "last": (big["kappa_last"] / big["kappa_mid_median"]).tolist(),
-                "coi": big["coi_mid_median"].tolist(),
-            },
-            has_big and bool((kin >= 10).all() and ((big["coi_mid_median"] - k).abs() <= 1).all()),
-            "[ours] 1 rank unit",
-            id="f5-kinetic-at-ends",
-            margin=min(
-                margin(float(kin.min()), 10.0),
-                min(margin(float(c), k, "==", atol=1.0) for c in big["coi_mid_median"]),
-            )
-            if has_big
-            else None,
-        ),
-        f5_speed_claim(big),
-        claim(
-            "Fig. 3: max‖B_l‖, max‖B_lσ(A_{l-1})ᵀ‖, ℓ_F and ℓ_γ stay of the same order over L̃ (max/min <= 10)",
-            "docs/theory/leaky-resnets.md §5.3; Jacot & Kaiser Fig. 3",
-            "<= 10",
-            bounded,
-            all(v <= 10 for v in bounded.values()),
-            "[ours] factor 10",
-            id="fig3-bounded",
-            margin=margin(max(bounded.values()), 10.0, "<="),
-        ),
-    ]
+    return all_of_claim(
+        f"Fig. 3: max‖B_l‖, max‖B_lσ(A_{{l-1}})ᵀ‖, ℓ_F and ℓ_γ stay of the same order over L̃ (max/min <= "
+        f"{BOUNDED.bound:g})",
+        "Jacot & Kaiser 2024 (arXiv 2405.17573) Fig. 3; docs/theory/leaky-resnets.md §5.3",
+        [(v, BOUNDED) for v in bounded.values()],
+        expected=f"<= {BOUNDED.bound:g}",
+        measured=bounded,
+        tolerance="[ours] factor 10",
+        id="fig3-bounded",
+    )
 
 
 def figure_vs_depth(cfg: Config, t: pd.DataFrame):
