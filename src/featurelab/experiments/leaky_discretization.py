@@ -28,13 +28,20 @@ from pydantic import Field, PositiveInt, model_validator
 from sklearn.decomposition import PCA
 
 from ..catalog import Entry
-from ..claims import claim, margin
+from ..claims import Threshold, all_of_claim
 from ..figures import plt
 from ..measurements import effective_rank, singular_values
 from . import leaky_bottleneck as lb
 from .base import Analysis, Experiment, TrainingUnit
 
-REF = "docs/theory/leaky-resnets.md §5.3; Jacot & Kaiser Fig. 2"
+REF = "Jacot & Kaiser 2024 (arXiv 2405.17573) Fig. 2; docs/theory/leaky-resnets.md §5.3"
+ADVANTAGE = Threshold(
+    0.0, ">", source="Jacot & Kaiser 2024 §4: 'a small but consistent advantage' (> 0, relative to equidistant)"
+)
+FIG2B_BOTTLENECK = Threshold(3, "==", atol=0.5, source="Jacot & Kaiser 2024 Fig. 2(b): 'a dimension 3 bottleneck'")
+FIG2B_PLATEAU = Threshold(
+    6, "==", atol=0.5, source="Jacot & Kaiser 2024 Fig. 2(b): 'an intermediate dimension' near p = 0.3, read as 6"
+)
 SCHEMES = ("equidistant", "irregular", "adaptive")
 
 
@@ -246,15 +253,14 @@ def advantage_claim(advantage: pd.DataFrame):
     only where every such mean is resolved by its seeds (|mean| >= 2 standard errors): a "small" advantage under
     a larger seed-to-seed spread is "not reproduced at this size". Margin: the smallest mean advantage relative to
     the equidistant test MSE at its L."""
-    c = claim(
+    c = all_of_claim(
         "adaptive and irregular steps have a small but consistent advantage over equidistant ones: at every "
         "L, the seed mean of test MSE(equidistant) − test MSE(scheme), paired by seed, is > 0",
         REF + ' ("a small but consistent advantage in the test error when using adaptive or irregular ρs")',
-        "> 0 at every L",
-        {s: g.set_index("depth")["mean"].round(4).to_dict() for s, g in advantage.groupby("scheme")},
-        bool((advantage["mean"] > 0).all()),
+        [(float(r), ADVANTAGE) for r in advantage["mean"] / advantage["equidistant"]],
+        expected="> 0 at every L",
+        measured={s: g.set_index("depth")["mean"].round(4).to_dict() for s, g in advantage.groupby("scheme")},
         id="adaptive-irregular-advantage",
-        margin=float((advantage["mean"] / advantage["equidistant"]).min()),
     )
     blurred = advantage[~(advantage["mean"].abs() >= 2 * advantage["se"])]  # one seed (se NaN): not resolved
     if len(blurred):
@@ -283,15 +289,15 @@ def fig2b_claim(cfg: Config, dims: dict, ref: dict):
     no middle-half layer of the adaptive reference net has an effective rank <= the teacher's largest inner
     dimension, the claim is "not reproduced at this size". Margin: the worse of the two ranks' share of the ±0.5
     window left (1 when exact, < 0 when off by one or more)."""
-    c = claim(
-        f"Fig. 2(b): the adaptive net at L = {cfg.reference_depth} has a 3-dim bottleneck near p = 0.7 and a "
-        "6-dim plateau near p = 0.3 (effective rank #{s_i >= 0.1 s_1} of W_l without its mean input direction)",
+    c = all_of_claim(
+        f"Fig. 2(b): the adaptive net at L = {cfg.reference_depth} has a {FIG2B_BOTTLENECK.bound:g}-dim bottleneck near "
+        f"p = 0.7 and a {FIG2B_PLATEAU.bound:g}-dim plateau near p = 0.3 (effective rank #{{s_i >= 0.1 s_1}} of W_l "
+        "without its mean input direction)",
         REF,
-        "3 at p ≈ 0.7, 6 at p ≈ 0.3",
-        dims,
-        dims["p≈0.7"] == 3 and dims["p≈0.3"] == 6,
+        [(dims["p≈0.7"], FIG2B_BOTTLENECK), (dims["p≈0.3"], FIG2B_PLATEAU)],
+        expected=f"{FIG2B_BOTTLENECK.bound:g} at p ≈ 0.7, {FIG2B_PLATEAU.bound:g} at p ≈ 0.3",
+        measured=dims,
         id="fig2b-dimensions",
-        margin=min(margin(dims["p≈0.7"], 3, "==", atol=0.5), margin(dims["p≈0.3"], 6, "==", atol=0.5)),
     )
     inner = max(cfg.teacher_dims[1:-1])
     mid = [ref["mean_free_effective_ranks"][l - 1] for l in lb.middle_half(len(ref["mean_free_effective_ranks"]))]
@@ -303,20 +309,19 @@ def fig2b_claim(cfg: Config, dims: dict, ref: dict):
     return c
 
 
-def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
-    t = error_table(results)
-    means = t.groupby(["depth", "scheme"])["test_cost"].mean().unstack("scheme")
+def depth_claims(results: dict[str, dict], means: pd.DataFrame) -> list:
+    """The test error falls from the smallest to the largest L in every scheme; the adaptive ρ is small at both
+    ends (Jacot & Kaiser 2024 Fig. 2(a), §4). `means`: seed-mean test MSE, depth x scheme."""
     small, large = means.index.min(), means.index.max()
     falls = {s: [float(means.loc[small, s]), float(means.loc[large, s])] for s in means.columns}
     claims = [
-        claim(
+        all_of_claim(
             f"test error broadly falls with L: seed-mean test MSE at L = {large} below L = {small}, every scheme",
             REF,
-            "last < first",
-            falls,
-            all(b < a for a, b in falls.values()),
+            [(b, Threshold(a, "<")) for a, b in falls.values()],
+            expected="last < first",
+            measured=falls,
             id="test-error-falls-with-depth",
-            margin=min(margin(b, a, "<=") for a, b in falls.values()),
         )
     ]
     adaptive = [r for r in results.values() if r["scheme"] == "adaptive" and r["depth"] == large]
@@ -324,17 +329,23 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         rho = np.mean([r["rho"] for r in adaptive], axis=0)
         mid = np.median(rho[[l - 1 for l in lb.middle_half(large)]])
         claims.append(
-            claim(
+            all_of_claim(
                 f"adaptive ρ is small at both ends, large in the middle (L = {large}, seed mean): "
                 "ρ_1 and ρ_L below the mid-half median",
                 REF,
-                "ρ_1, ρ_L < mid median",
-                {"rho_1": rho[0], "rho_L": rho[-1], "mid_median": mid},
-                rho[0] < mid and rho[-1] < mid,
+                [(rho[0], Threshold(mid, "<")), (rho[-1], Threshold(mid, "<"))],
+                expected="ρ_1, ρ_L < mid median",
+                measured={"rho_1": rho[0], "rho_L": rho[-1], "mid_median": mid},
                 id="adaptive-steps-small-at-ends",
-                margin=min(margin(rho[0], mid, "<="), margin(rho[-1], mid, "<=")),
             )
         )
+    return claims
+
+
+def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
+    t = error_table(results)
+    means = t.groupby(["depth", "scheme"])["test_cost"].mean().unstack("scheme")
+    claims = depth_claims(results, means)
     schemes_vs_eq = [s for s in ("irregular", "adaptive") if s in means.columns and "equidistant" in means.columns]
     below = {s: float((means[s] < means["equidistant"]).mean()) for s in schemes_vs_eq}
     advantage = paired_advantage(t, schemes_vs_eq)
