@@ -37,7 +37,7 @@ from scipy.stats import linregress
 from scipy.stats import t as student
 
 from ..catalog import Entry
-from ..claims import claim, margin
+from ..claims import Threshold, all_of_claim
 from ..config import ExperimentConfig
 from ..data.bn_tasks import bn_rank_two_task
 from ..figures import plt
@@ -62,6 +62,15 @@ from .base import Analysis, Experiment, TrainingUnit
 TRUE_RANK = 2
 COR8_P = 0.25  # Cor. 8's p: at least (1 - p)L layers
 COR8_RATE = -0.5  # Cor. 8: s_{k+1} = O(L^{-1/2}) in the middle layers
+COR8_SHARE = Threshold(
+    1 - COR8_P, ">=", source="Jacot 2023 (arXiv 2305.19008) Cor. 8: all but pL layers; p = 1/4 is ours"
+)
+COR8_RATE_REACHED = Threshold(COR8_RATE, "<=", source="Jacot 2023 (arXiv 2305.19008) Cor. 8: s_(k+1) = O(L^(-1/2))")
+FALLS = Threshold(0.0, "<", source="Jacot 2023 Cor. 8: the tail falls with depth (the rate's 95% interval below 0)")
+RISES = Threshold(0.0, ">", source="Jacot 2023 Fig. 1: recovering minima at the larger depths (a larger share)")
+NON_NEGATIVE = Threshold(0.0, ">=", source="Jacot 2023 §2.3: an inequality that holds for any θ (slack >= 0)")
+ONE_CLASS = Threshold(1, ">=", source="ours: a slope needs one class of fitting minima over >= 2 depths")
+REF = "Jacot 2023 (arXiv 2305.19008) Fig. 1; docs/theory/bottleneck-rank.md §2.3, §4a"
 CLASSES = ("underestimating (not fitting)", "underestimating (fitting)", "recovering", "overestimating")
 COLORS = dict(zip(CLASSES, ("tab:gray", "tab:orange", "tab:green", "tab:blue")))
 
@@ -293,122 +302,118 @@ def cor8_claims(f: dict) -> list:
     out = []
     if share:
         out.append(
-            claim(
+            all_of_claim(
                 f"Cor. 8, λ={f['lam']:g}, k={f['k']}: in at least (1 − p)L layers (p = {COR8_P:g}) of every net, "
                 "s_(k+1)(α̃_ℓ(X)/√N) <= √(S/(pL))·s_1([α_(ℓ−1)(X), β]/√N), S = ‖θ‖² − kL − 2log|Jf(x)|_+ "
                 "(holds for any θ: a check of the code)",
-                "Jacot 2023 Cor. 8 (Theorem 6 with our explicit proxy); docs/theory/bottleneck-rank.md §2.4",
-                f">= {1 - COR8_P:g} share of layers",
-                {"min share by L": share, "constant by L": f["cor8_constant"]},
-                min(share.values()) >= 1 - COR8_P,
+                "Jacot 2023 (arXiv 2305.19008) Cor. 8 (Theorem 6 with our explicit proxy); "
+                "docs/theory/bottleneck-rank.md §2.4",
+                [(min(share.values()), COR8_SHARE)],
+                expected=f">= {1 - COR8_P:g} share of layers",
+                measured={"min share by L": share, "constant by L": f["cor8_constant"]},
                 id=f"cor8-bound{tag}",
-                margin=margin(min(share.values()), 1 - COR8_P),
                 kind="identity",
             )
         )
     lo, hi = rate["ci"]
-    c = claim(
+    c = all_of_claim(
         f"Cor. 8 rate, λ={f['lam']:g}, k={f['k']}: the middle-layer s_(k+1) of the class's nets falls with depth at a "
         "rate consistent with L^(-1/2): the 95% interval of the exponent b of log s_(k+1) = a + b log L lies below "
         "0 and reaches -1/2",
-        "Jacot 2023 Cor. 8 (s_(k+1) = O(L^(-1/2)) in all but pL layers); docs/theory/bottleneck-rank.md §2.4",
-        f"CI upper < 0, CI lower <= {COR8_RATE:g}",
-        {"b": rate["b"], "95% CI": rate["ci"], "nets": rate["n"], "median s_(k+1)·√L by L": f["tail_sqrt_L"]},
-        bool(hi < 0 and lo <= COR8_RATE),
+        "Jacot 2023 (arXiv 2305.19008) Cor. 8 (s_(k+1) = O(L^(-1/2)) in all but pL layers); "
+        "docs/theory/bottleneck-rank.md §2.4",
+        [(hi, FALLS), (lo, COR8_RATE_REACHED)],
+        expected=f"CI upper < 0, CI lower <= {COR8_RATE:g}",
+        measured={"b": rate["b"], "95% CI": rate["ci"], "nets": rate["n"], "median s_(k+1)·√L by L": f["tail_sqrt_L"]},
         id=f"cor8-rate{tag}",
-        margin=min(margin(hi, 0.0, "<="), margin(lo, COR8_RATE, "<=")),
     )
     if not np.isfinite(rate["b"]):
         c = c.not_measured(f"not reproduced at this size: {rate['n']} nets of the class, too few depths to fit")
     return out + [c]
 
 
-def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
-    rows = pd.DataFrame(
-        [
-            {"id": uid, **{k: v for k, v in r.items() if k not in ("weight_spectra", "k_counts")}}
-            for uid, r in sorted(results.items())
-        ]
-    )
-    fits = _fits(rows)
-    ref = "docs/theory/bottleneck-rank.md §2.3, §4a; Jacot 2023 Fig. 1"
-    claims = []
+def slope_claims(cfg: Config, fits: list[dict]) -> list:
+    """Fig. 1: per class of fitting minima, the fitted slope of ‖θ‖² against L equals the rank (within
+    `slope_tolerance`, relative); with no class to fit, one failing claim that says so."""
     if not fits:
-        claims.append(
-            claim(
+        return [
+            all_of_claim(
                 "some class of fitting minima spans >= 2 depths, so its slope can be fitted",
-                ref,
-                ">= 1 class",
-                0,
-                False,
+                REF,
+                [(0, ONE_CLASS)],
+                expected=">= 1 class",
                 id="slope-fit-possible",
-                margin=-1.0,
             )
+        ]
+    return [
+        all_of_claim(
+            f"λ={f['lam']:g}, k_mid={f['k']} ({f['class']}, depths {f['depths']}): the fitted "
+            "slope of ‖θ‖² against L equals the rank",
+            REF,
+            [(f["slope"], Threshold(f["k"], "==", rtol=cfg.slope_tolerance))],
+            expected=f["k"],
+            tolerance=f"{cfg.slope_tolerance:.0%} relative",
+            id=f"slope-equals-rank@lam{f['lam']:g}-k{f['k']}",
+            premise="critical",
         )
-    for f in fits:
-        err = abs(f["slope"] - f["k"]) / f["k"]
-        claims.append(
-            claim(
-                f"λ={f['lam']:g}, k_mid={f['k']} ({f['class']}, depths {f['depths']}): the fitted "
-                "slope of ‖θ‖² against L equals the rank",
-                ref,
-                f["k"],
-                f["slope"],
-                err <= cfg.slope_tolerance,
-                f"{cfg.slope_tolerance:.0%} relative",
-                id=f"slope-equals-rank@lam{f['lam']:g}-k{f['k']}",
-                margin=margin(f["slope"], f["k"], "==", rtol=cfg.slope_tolerance),
-                premise="critical",
-            )
-        )
+        for f in fits
+    ]
+
+
+def theorem3_claim(f: dict):
+    """Theorem 3 for one class: the depth fit's intercept R̂⁽¹⁾ is at least max_x 2 log|Jf(x)|_+."""
+    return all_of_claim(
+        f"Theorem 3, λ={f['lam']:g}, k={f['k']}: the depth fit's intercept R̂⁽¹⁾ (slope fitted) is >= "
+        "max_x 2 log|Jf(x)|_+ over the class's nets and rank-k points",
+        "Jacot 2023 (arXiv 2305.19008) Theorem 3; docs/theory/bottleneck-rank.md §2.3, §3.6",
+        [(f["intercept"], Threshold(f["max_two_log_pdet"], ">="))],
+        expected=">= 0 margin",
+        measured={
+            "R1 intercept": f["intercept"],
+            "max 2log|J|+": f["max_two_log_pdet"],
+            "median(‖θ‖²-kL), implied bound": f["R1_hat"],
+        },
+        id=f"theorem3-r1-bound@lam{f['lam']:g}-k{f['k']}",
+        premise="critical",
+    )
+
+
+def depth_claims(cfg: Config, rows: pd.DataFrame, fits: list[dict]) -> list:
+    """Every claim of the run: the slopes, recovery with depth, Theorem 3 and Cor. 8 per class, and the exact
+    Jacobian bound (`rows`: one row per net)."""
+    claims = slope_claims(cfg, fits)
     by_depth = rows.groupby("depth")["class"].apply(lambda c: float(np.mean(c == "recovering")))
     lo, hi = by_depth.index.min(), by_depth.index.max()
     claims.append(
-        claim(
+        all_of_claim(
             f"recovering minima appear at the larger depths: share at L={hi} > share at L={lo}",
-            ref,
-            f"share(L={hi}) > share(L={lo})",
-            {f"L={lo}": by_depth[lo], f"L={hi}": by_depth[hi]},
-            by_depth[hi] > by_depth[lo],
+            REF,
+            [(float(by_depth[hi] - by_depth[lo]), RISES)],  # a difference of shares in [0, 1]: already relative
+            expected=f"share(L={hi}) > share(L={lo})",
+            measured={f"L={lo}": by_depth[lo], f"L={hi}": by_depth[hi]},
             id="depth-favours-recovery",
-            margin=float(by_depth[hi] - by_depth[lo]),  # a difference of shares in [0, 1]: already relative
         )
     )
     for f in fits:
-        claims.append(
-            claim(
-                f"Theorem 3, λ={f['lam']:g}, k={f['k']}: the depth fit's intercept R̂⁽¹⁾ (slope fitted) is >= "
-                "max_x 2 log|Jf(x)|_+ over the class's nets and rank-k points",
-                "Jacot 2023 Theorem 3; docs/theory/bottleneck-rank.md §2.3, §3.6",
-                ">= 0 margin",
-                {
-                    "R1 intercept": f["intercept"],
-                    "max 2log|J|+": f["max_two_log_pdet"],
-                    "median(‖θ‖²-kL), implied bound": f["R1_hat"],
-                },
-                f["intercept"] >= f["max_two_log_pdet"],
-                id=f"theorem3-r1-bound@lam{f['lam']:g}-k{f['k']}",
-                margin=margin(f["intercept"], f["max_two_log_pdet"]),
-                premise="critical",
-            )
-        )
-        claims += cor8_claims(f)
+        claims += [theorem3_claim(f), *cor8_claims(f)]
     if "exact_slack" in rows:
-        slack = float(rows.exact_slack.min())
         claims.append(
-            claim(
+            all_of_claim(
                 "exact bound ‖θ‖² >= L Σ_i s_i(Jf(x))^{2/L} at every training point of every net (holds for any θ: "
                 "a check of the code)",
-                "docs/theory/bottleneck-rank.md §2.3",
-                ">= 0 slack",
-                slack,
-                slack >= 0,
+                "Jacot 2023 (arXiv 2305.19008) §2.3; docs/theory/bottleneck-rank.md §2.3",
+                [(float((rows.exact_slack / rows.sq_norm).min()), NON_NEGATIVE)],  # relative to each net's ‖θ‖²
+                expected=">= 0 slack",
+                measured=float(rows.exact_slack.min()),
                 id="exact-jacobian-norm-bound",
-                margin=float((rows.exact_slack / rows.sq_norm).min()),  # the slack relative to each net's ‖θ‖²
                 kind="identity",
             )
         )
+    return claims
 
+
+def norm_figure(cfg: Config, rows: pd.DataFrame, fits: list[dict]):
+    """‖θ‖² and the relative test MSE against depth, by class, with each class's depth fit."""
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for cls in CLASSES:
         sub = rows[rows["class"] == cls]
@@ -437,8 +442,11 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ax2.set_ylabel("relative test MSE")
     ax2.set_yscale("log")
     ax2.set_title("test error against depth")
-    figures = {"norm_and_test_error_vs_depth": fig}
+    return fig
 
+
+def tail_figure(cfg: Config, results: dict[str, dict]):
+    """The third singular value of every layer of every net, against ℓ/L."""
     fig2, ax3 = plt.subplots(figsize=(6.5, 4))
     for _uid, r in sorted(results.items()):
         S = np.array([s + [np.nan] * (8 - len(s)) for s in r["weight_spectra"]])
@@ -450,8 +458,22 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ax3.set_ylabel(f"s_{TRUE_RANK + 1}(W_ℓ)")
     ax3.set_title("third singular value of each layer (colour = class)")
     ax3.legend()
-    figures["third_singular_value"] = fig2
+    return fig2
 
+
+def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
+    rows = pd.DataFrame(
+        [
+            {"id": uid, **{k: v for k, v in r.items() if k not in ("weight_spectra", "k_counts")}}
+            for uid, r in sorted(results.items())
+        ]
+    )
+    fits = _fits(rows)
+    claims = depth_claims(cfg, rows, fits)
+    figures = {
+        "norm_and_test_error_vs_depth": norm_figure(cfg, rows, fits),
+        "third_singular_value": tail_figure(cfg, results),
+    }
     summary = {
         "classes": rows.groupby(["depth", "class"]).size().rename("n").reset_index().to_dict("records"),
         "fits": fits,
