@@ -225,67 +225,84 @@ def find_escape_directions(
     if init is not None:
         if rank_one:
             raise FeaturelabError("init is only used by the projected-GD search (rank_one=False)")
-        Ws = as_weights(init, X, batched=True)
-        if len(Ws) != L or Ws[-1].shape[-2] != G.shape[1]:
-            raise FeaturelabError(
-                f"init has {len(Ws)} weight matrices with d_out={Ws[-1].shape[-2]}; "
-                f"it needs depth={depth} and d_out = G's {G.shape[1]} columns"
-            )
-        if Ws[0].ndim == 2:
-            Ws = [W.expand(restarts, *W.shape).clone() for W in Ws]
-        elif Ws[0].shape[0] != restarts:
-            raise FeaturelabError(f"init has {Ws[0].shape[0]} restarts but restarts={restarts}")
+        Ws = _checked_init(init, X, G, L, restarts)
+    elif rank_one:
+        dims = [X.shape[1], *_widths(width, L), G.shape[1]]
+        Ws, trace = _rank_one_search(dims, X, G, restarts, steps, positive("lr", 0.01 if lr is None else lr), gen)
     else:
         dims = [X.shape[1], *_widths(width, L), G.shape[1]]
-    if rank_one:
-        lr = positive("lr", 0.01 if lr is None else lr)
-        a = [
-            torch.randn(restarts, n, generator=gen, dtype=torch.float64).to(X.device).requires_grad_(True)
-            for n in dims[1:]
+        Ws = [
+            torch.randn(restarts, n, m, generator=gen, dtype=torch.float64).to(X.device)
+            for n, m in zip(dims[1:], dims[:-1])
         ]
-        b = [
-            torch.randn(restarts, m, generator=gen, dtype=torch.float64).to(X.device).requires_grad_(True)
-            for m in dims[:-1]
-        ]
-        opt = torch.optim.Adam(a + b, lr=lr)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: (1 + math.cos(math.pi * k / steps)) / 2)
-        trace = torch.empty(steps + 1, restarts, dtype=torch.float64, device=X.device)
-        for k in range(steps + 1):
-            Ws = [ai[:, :, None] * bi[:, None, :] for ai, bi in zip(a, b)]
-            speed = _speed(Ws, X, G)
-            trace[k] = speed.detach()
-            if k == steps:
-                break
-            opt.zero_grad(set_to_none=True)
-            (-speed.sum()).backward()
-            opt.step()
-            sched.step()
-        Ws = _to_sphere([W.detach() for W in Ws], L)
-    else:
-        lr = positive("lr", 0.05 if lr is None else lr)
-        if init is None:
-            Ws = [
-                torch.randn(restarts, n, m, generator=gen, dtype=torch.float64).to(X.device)
-                for n, m in zip(dims[1:], dims[:-1])
-            ]
-        Ws = _to_sphere([W.detach().to(X.device) for W in Ws], L)
-        trace = torch.empty(steps + 1, restarts, dtype=torch.float64, device=X.device)
-        for k in range(steps + 1):
-            Ws = [W.requires_grad_(True) for W in Ws]
-            l0 = _L0(Ws, X, G)
-            trace[k] = -l0.detach()
-            if k == steps:
-                break
-            grads = torch.autograd.grad(l0.sum(), Ws)
-            eta = lr * (1 + math.cos(math.pi * k / steps)) / 2
-            with torch.no_grad():
-                radial = torch.stack([(g * W).sum((-2, -1)) for g, W in zip(grads, Ws)]).sum(0)[:, None, None] / L
-                Ws = _to_sphere([W - eta * (g - radial * W) for g, W in zip(grads, Ws)], L)
-        Ws = [W.detach() for W in Ws]
+    if not rank_one:
+        Ws, trace = _pgd_search(Ws, X, G, steps, positive("lr", 0.05 if lr is None else lr))
     speeds = _speed(Ws, X, G)
     last = trace[-min(tail, steps) - 1 :]
     converged = (last.max(0).values - last.min(0).values) < 1e-7
     return EscapeSearch(speeds, Ws, trace, converged)
+
+
+def _checked_init(init, X: torch.Tensor, G: torch.Tensor, L: int, restarts: int) -> list[torch.Tensor]:
+    """The starting weights `init` of the projected-GD search, checked against depth L and G, one per restart."""
+    Ws = as_weights(init, X, batched=True)
+    if len(Ws) != L or Ws[-1].shape[-2] != G.shape[1]:
+        raise FeaturelabError(
+            f"init has {len(Ws)} weight matrices with d_out={Ws[-1].shape[-2]}; "
+            f"it needs depth={L} and d_out = G's {G.shape[1]} columns"
+        )
+    if Ws[0].ndim == 2:
+        return [W.expand(restarts, *W.shape).clone() for W in Ws]
+    if Ws[0].shape[0] != restarts:
+        raise FeaturelabError(f"init has {Ws[0].shape[0]} restarts but restarts={restarts}")
+    return Ws
+
+
+def _rank_one_search(dims, X, G, restarts: int, steps: int, lr: float, gen) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A2: ``W_ℓ = a_ℓ b_ℓᵀ`` (R restarts, Gaussian a, b), Adam with a cosine-decayed step on minus the speed;
+    returns the weights on the √L-sphere and the (K+1) x R trace of the speed."""
+    a = [
+        torch.randn(restarts, n, generator=gen, dtype=torch.float64).to(X.device).requires_grad_(True) for n in dims[1:]
+    ]
+    b = [
+        torch.randn(restarts, m, generator=gen, dtype=torch.float64).to(X.device).requires_grad_(True)
+        for m in dims[:-1]
+    ]
+    opt = torch.optim.Adam(a + b, lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: (1 + math.cos(math.pi * k / steps)) / 2)
+    trace = torch.empty(steps + 1, restarts, dtype=torch.float64, device=X.device)
+    Ws: list[torch.Tensor] = []
+    for k in range(steps + 1):
+        Ws = [ai[:, :, None] * bi[:, None, :] for ai, bi in zip(a, b)]
+        speed = _speed(Ws, X, G)
+        trace[k] = speed.detach()
+        if k == steps:
+            break
+        opt.zero_grad(set_to_none=True)
+        (-speed.sum()).backward()
+        opt.step()
+        sched.step()
+    return _to_sphere([W.detach() for W in Ws], len(dims) - 1), trace
+
+
+def _pgd_search(Ws: list[torch.Tensor], X, G, steps: int, lr: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A1: projected (Riemannian) GD on ‖θ‖² = L from the R x n_ℓ x n_{ℓ-1} weights `Ws` (rescaled to the
+    sphere first), step ``lr(1 + cos(πk/K))/2``; returns the final weights and the (K+1) x R trace of −L0."""
+    L = len(Ws)
+    Ws = _to_sphere([W.detach().to(X.device) for W in Ws], L)
+    trace = torch.empty(steps + 1, Ws[0].shape[0], dtype=torch.float64, device=X.device)
+    for k in range(steps + 1):
+        Ws = [W.requires_grad_(True) for W in Ws]
+        l0 = _L0(Ws, X, G)
+        trace[k] = -l0.detach()
+        if k == steps:
+            break
+        grads = torch.autograd.grad(l0.sum(), Ws)
+        eta = lr * (1 + math.cos(math.pi * k / steps)) / 2
+        with torch.no_grad():
+            radial = torch.stack([(g * W).sum((-2, -1)) for g, W in zip(grads, Ws)]).sum(0)[:, None, None] / L
+            Ws = _to_sphere([W - eta * (g - radial * W) for g, W in zip(grads, Ws)], L)
+    return [W.detach() for W in Ws], trace
 
 
 # ------------------------------------------------------------------- §3.2 per-layer ratios
