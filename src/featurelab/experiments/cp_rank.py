@@ -24,7 +24,7 @@ import torch
 from pydantic import Field, PositiveInt
 
 from ..catalog import Entry
-from ..claims import claim, margin, threshold_claim
+from ..claims import Threshold, all_of_claim, boolean_claim, threshold_claim
 from ..config import ExperimentConfig
 from ..data.constructions import (
     adjacency_matrix,
@@ -123,9 +123,21 @@ def lower_bound_loss(Y: torch.Tensor, lam: float) -> float:
     return float(((s - shrunk) ** 2).sum() / Y.shape[0] + 2 * lam * shrunk.sum())
 
 
+EXACT = Threshold(1e-12, "<=", source="ours: the constructions are exact in float64, up to rounding")
+BALANCED = Threshold(1e-10, "<=", source="Jacot et al. 2022 §2 'Balance': F^att + F^rep = 0 at a critical point")
+ABOVE_LOWER_BOUND = Threshold(-1e-12, ">=", source="ours: ‖θ‖² >= 2‖f(I)‖_* for any θ, up to rounding")
+CARATHEODORY = Threshold(1e-8, "<=", source="ours: the reduction keeps the outputs, up to float64 rounding")
+
+
 def check_constructions(cfg: Config) -> tuple[list, pd.DataFrame]:
     """Exact checks of `bipartite(N)` and `onehot_identity` (float64): claims and a table."""
-    ref = "docs/theory/sparsity.md §4 (Prop. 13-14), §7 check 3"
+    table = construction_table(cfg)
+    return construction_claims(cfg, table), table
+
+
+def construction_table(cfg: Config) -> pd.DataFrame:
+    """One row per construction (bipartite(N) for each N, then onehot_identity): width, cp-rank bounds, norm,
+    reconstruction error, balance, whether its graph is triangle-free."""
     rows = []
     for N in cfg.construction_sizes:
         c = bipartite(N)
@@ -165,17 +177,23 @@ def check_constructions(cfg: Config) -> tuple[list, pd.DataFrame]:
             "triangle_free": None,
         }
     )
-    table = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def construction_claims(cfg: Config, table: pd.DataFrame) -> list:
+    """The constructions have the computed cp-rank as their width, reproduce Y exactly, with the optimal norm,
+    and are balanced (checks of the code: identities)."""
+    ref = "Jacot et al. 2022 (arXiv 2205.15809) Props. 13-14; docs/theory/sparsity.md §4, §7 check 3"
     bip = table.iloc[:-1]
-    claims = [
-        claim(
+    return [
+        boolean_claim(
             f"the cp-rank of M_Y = (YYᵀ)^½, computed (lower bound: rank and clique cover of its support graph; "
             f"upper bound: the construction's hidden layer), is N²/4 for bipartite(N), N in "
             f"{cfg.construction_sizes}, and C = {len(cfg.onehot_sizes)} for onehot_identity; the constructions "
             "have exactly that many neurons",
             ref,
             f"lower = upper = width = {[N * N // 4 for N in cfg.construction_sizes] + [len(cfg.onehot_sizes)]}",
-            {r["construction"]: f"[{r['cp_rank_lower']}, {r['cp_rank_upper']}]" for r in rows},
+            {r["construction"]: f"[{r['cp_rank_lower']}, {r['cp_rank_upper']}]" for r in table.to_dict("records")},
             bool(
                 (table["cp_rank_lower"] == table["cp_rank_upper"]).all()
                 and (table["cp_rank_lower"] == table["width"]).all()
@@ -190,8 +208,7 @@ def check_constructions(cfg: Config) -> tuple[list, pd.DataFrame]:
             "the constructions reproduce Y exactly: max|f(X) - Y|",
             ref,
             float(table["reconstruction"].max()),
-            1e-12,
-            "<=",
+            EXACT,
             id="construction-exact",
             kind="identity",
         ),
@@ -200,22 +217,19 @@ def check_constructions(cfg: Config) -> tuple[list, pd.DataFrame]:
             "max |‖θ‖² - 2 Tr M_Y| / 2 Tr M_Y",
             ref,
             float(((table["sq_norm"] - table["expected_sq_norm"]).abs() / table["expected_sq_norm"]).max()),
-            1e-12,
-            "<=",
+            EXACT,
             id="construction-norm",
             kind="identity",
         ),
         threshold_claim(
             "the constructions are exactly balanced on the hidden layer: ‖F^att + F^rep‖ / ‖F^att‖",
-            "docs/theory/sparsity.md §2 'Balance', §7 check 3",
+            "Jacot et al. 2022 (arXiv 2205.15809) §2 'Balance'; docs/theory/sparsity.md §2, §7 check 3",
             float(table["balance"].max()),
-            1e-10,
-            "<=",
+            BALANCED,
             id="construction-balance",
             kind="identity",
         ),
     ]
-    return claims, table
 
 
 def reach_tolerance(near: float, narrow_losses, target: float) -> float:
@@ -228,95 +242,100 @@ def reach_tolerance(near: float, narrow_losses, target: float) -> float:
     return min(near, 0.5 * (float(min(narrow_losses)) / target - 1))
 
 
+def run_claims(cfg: Config, rows: pd.DataFrame, best: pd.DataFrame, r: int, bound: float, target: float) -> list:
+    """The trained nets (`rows`; `best`: the minimising trial per width) against the lower bound m_low = `bound`:
+    never below it, reached at widths >= the cp-rank `r`, not reached below it (Prop. 14); the Carathéodory
+    reduction keeps their outputs."""
+    ref = "Jacot et al. 2022 (arXiv 2205.15809) Prop. 14; docs/theory/sparsity.md §4, measured reproduction"
+    wide, narrow = best[best["width"] >= r], best[best["width"] < r]
+    near = reach_tolerance(cfg.near, narrow["loss"], bound)
+    claims = [
+        threshold_claim(
+            f"no net goes below the lower bound m_low = min_Y' (1/N)‖Y' - Y‖² + 2λ‖Y'‖_* = {bound:.6g} "
+            "(‖θ‖² >= 2‖f(I)‖_* for any parameters): (min_w m(w) - m_low)/m_low over all trained nets, "
+            "up to rounding",
+            ref,
+            (float(rows["loss"].min()) - bound) / bound,
+            ABOVE_LOWER_BOUND,
+            id="loss-lower-bound",
+            kind="identity",
+        )
+    ]
+    if len(wide):
+        claims.append(
+            threshold_claim(
+                f"trained nets of width >= cp-rank = {r} reach the optimum, the lower bound m_low = {bound:.6g} "
+                f"(the rescaled construction gives m* = {target:.6g}, above it): max |m(w)/m_low - 1| over widths "
+                f">= {r}, within a tolerance below half the narrow nets' gap, min(near, ½(min_{{w<r}} m(w)/m_low "
+                f"- 1)) = {near:.3g}",
+                ref,
+                float((wide["loss"] / bound - 1).abs().max()),
+                near,
+                "<=",
+                id="wide-reach-optimum",
+                premise="critical",
+            ).rests_on(wide["id"])  # m(w) is a min over trials: the minimisers, not the trials beside them
+        )
+    if len(narrow) and len(wide):
+        low, high = float(narrow["loss"].min()), float(wide["loss"].max())
+        claims.append(
+            all_of_claim(
+                f"nets narrower than the cp-rank ({narrow['width'].tolist()} < {r}) do not reach the optimum: "
+                "every m(w), w < cp-rank, stays above every m(w'), w' >= cp-rank (Prop. 14: R > 2 Tr M_Y)",
+                ref,
+                [(low, Threshold(high, ">"))],
+                expected="min_{w<r} m(w) - max_{w'>=r} m(w') > 0",
+                measured={**dict(zip(narrow["width"].astype(str), narrow["loss"] / bound)), "difference": low - high},
+                tolerance="",
+                id="narrow-above-optimum",
+                premise="critical",
+            ).rests_on(best["id"])
+        )
+    claims.append(
+        threshold_claim(
+            "Carathéodory reduction keeps the trained nets' training outputs: max|Δf|/max|f| (float64)",
+            "Jacot et al. 2022 (arXiv 2205.15809) §5; docs/theory/sparsity.md §5b",
+            float(rows["reduced_output_error"].max()),
+            CARATHEODORY,
+            id="caratheodory-outputs",
+            kind="identity",
+        )
+    )
+    return claims
+
+
+def cp_figure(cfg: Config, best: pd.DataFrame, r: int, bound: float, target: float):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(best["width"], best["loss"], marker="o", label="min over trials of C + λ‖θ‖²")
+    ax.axhline(target, color="0.4", ls=":", label="rescaled construction m*")
+    ax.axhline(bound, color="k", ls="--", label="lower bound m_low (nuclear-norm prox)")
+    ax.axvline(r, color="0.6", ls=":", label=f"computed cp-rank {r}")
+    ax.set(xlabel="hidden width", ylabel="regularized loss", title=f"bipartite({cfg.N}), λ = {cfg.lam:g}")
+    ax.legend()
+    return fig
+
+
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     claims, table = check_constructions(cfg)
     tables = {"constructions": table}
     summary = {"constructions": table.drop(columns=["triangle_free"]).to_dict(orient="records")}
-    figures = {}
-    if results:
-        rows = pd.DataFrame(results.values())
-        tables["runs"] = rows
-        best = rows.loc[rows.groupby("width")["loss"].idxmin()].sort_values("width")
-        tables["per_width"] = best
-        c = bipartite(cfg.N)
-        r, r_upper = computed_cp_rank(c)
-        target = best_rescaled_loss(c.data.Y_train, cfg.lam, c.sq_norm)
-        bound = lower_bound_loss(c.data.Y_train, cfg.lam)
-        wide, narrow = best[best["width"] >= r], best[best["width"] < r]
-        ref = "docs/theory/sparsity.md §4 (Prop. 14), measured reproduction"
-        summary["cp_rank"] = {"lower": r, "upper": r_upper}
-        summary["construction_best_loss"] = target
-        summary["lower_bound_loss"] = bound
-        near = reach_tolerance(cfg.near, narrow["loss"], bound)
-        summary["reach_tolerance"] = near
-        lowest = float(rows["loss"].min())
-        claims.append(
-            threshold_claim(
-                f"no net goes below the lower bound m_low = min_Y' (1/N)‖Y' - Y‖² + 2λ‖Y'‖_* = {bound:.6g} "
-                "(‖θ‖² >= 2‖f(I)‖_* for any parameters): (min_w m(w) - m_low)/m_low over all trained nets, "
-                "up to rounding",
-                ref,
-                (lowest - bound) / bound,
-                -1e-12,
-                ">=",
-                id="loss-lower-bound",
-                kind="identity",
-            )
-        )
-        if len(wide):
-            gap = float((wide["loss"] / bound - 1).abs().max())
-            claims.append(
-                threshold_claim(
-                    f"trained nets of width >= cp-rank = {r} reach the optimum, the lower bound m_low = {bound:.6g} "
-                    f"(the rescaled construction gives m* = {target:.6g}, above it): max |m(w)/m_low - 1| over widths "
-                    f">= {r}, within a tolerance below half the narrow nets' gap, min(near, ½(min_{{w<r}} m(w)/m_low "
-                    f"- 1)) = {near:.3g}",
-                    ref,
-                    gap,
-                    near,
-                    "<=",
-                    id="wide-reach-optimum",
-                    premise="critical",
-                ).rests_on(wide["id"])  # m(w) is a min over trials: the minimisers, not the trials beside them
-            )
-        if len(narrow) and len(wide):
-            low, high = float(narrow["loss"].min()), float(wide["loss"].max())
-            claims.append(
-                claim(
-                    f"nets narrower than the cp-rank ({narrow['width'].tolist()} < {r}) do not reach the optimum: "
-                    "every m(w), w < cp-rank, stays above every m(w'), w' >= cp-rank (Prop. 14: R > 2 Tr M_Y)",
-                    ref,
-                    "min_{w<r} m(w) - max_{w'>=r} m(w') > 0",
-                    {**dict(zip(narrow["width"].astype(str), narrow["loss"] / bound)), "difference": low - high},
-                    low > high,
-                    id="narrow-above-optimum",
-                    margin=margin(low, high, ">="),
-                    premise="critical",
-                ).rests_on(best["id"])
-            )
-        worst = float(rows["reduced_output_error"].max())
-        claims.append(
-            threshold_claim(
-                "Carathéodory reduction keeps the trained nets' training outputs: max|Δf|/max|f| (float64)",
-                "docs/theory/sparsity.md §5b",
-                worst,
-                1e-8,
-                "<=",
-                id="caratheodory-outputs",
-                kind="identity",
-            )
-        )
-        summary["m"] = dict(zip(best["width"].astype(str), best["loss"]))
-        summary["reduced_width"] = dict(zip(best["width"].astype(str), [w[0] for w in best["reduced_width"]]))
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(best["width"], best["loss"], marker="o", label="min over trials of C + λ‖θ‖²")
-        ax.axhline(target, color="0.4", ls=":", label="rescaled construction m*")
-        ax.axhline(bound, color="k", ls="--", label="lower bound m_low (nuclear-norm prox)")
-        ax.axvline(r, color="0.6", ls=":", label=f"computed cp-rank {r}")
-        ax.set(xlabel="hidden width", ylabel="regularized loss", title=f"bipartite({cfg.N}), λ = {cfg.lam:g}")
-        ax.legend()
-        figures["cp_rank"] = fig
-    return Analysis(claims, figures, tables, summary)
+    if not results:
+        return Analysis(claims, {}, tables, summary)
+    rows = pd.DataFrame(results.values())
+    best = rows.loc[rows.groupby("width")["loss"].idxmin()].sort_values("width")
+    tables.update(runs=rows, per_width=best)
+    c = bipartite(cfg.N)
+    r, r_upper = computed_cp_rank(c)
+    target = best_rescaled_loss(c.data.Y_train, cfg.lam, c.sq_norm)
+    bound = lower_bound_loss(c.data.Y_train, cfg.lam)
+    summary["cp_rank"] = {"lower": r, "upper": r_upper}
+    summary["construction_best_loss"] = target
+    summary["lower_bound_loss"] = bound
+    summary["reach_tolerance"] = reach_tolerance(cfg.near, best[best["width"] < r]["loss"], bound)
+    claims += run_claims(cfg, rows, best, r, bound, target)
+    summary["m"] = dict(zip(best["width"].astype(str), best["loss"]))
+    summary["reduced_width"] = dict(zip(best["width"].astype(str), [w[0] for w in best["reduced_width"]]))
+    return Analysis(claims, {"cp_rank": cp_figure(cfg, best, r, bound, target)}, tables, summary)
 
 
 CATALOG = (Entry("cp-rank", ("quick", "tiny", "paper"), "Jacot et al. 2022 Props. 13-14: N²/4 neurons", 33),)
