@@ -39,7 +39,7 @@ from ..measurements.sparsity import cp_rank_bounds, output_gram_root
 from ..models import MLP
 from ..training import OptimizerConfig
 from .base import Analysis, Experiment, TrainingUnit
-from .width_plateau import CERTIFY, shrink
+from .width_plateau import CARATHEODORY, CERTIFY, shrink
 
 
 class Config(OptimizerConfig, ExperimentConfig):
@@ -126,7 +126,6 @@ def lower_bound_loss(Y: torch.Tensor, lam: float) -> float:
 EXACT = Threshold(1e-12, "<=", source="ours: the constructions are exact in float64, up to rounding")
 BALANCED = Threshold(1e-10, "<=", source="Jacot et al. 2022 §2 'Balance': F^att + F^rep = 0 at a critical point")
 ABOVE_LOWER_BOUND = Threshold(-1e-12, ">=", source="ours: ‖θ‖² >= 2‖f(I)‖_* for any θ, up to rounding")
-CARATHEODORY = Threshold(1e-8, "<=", source="ours: the reduction keeps the outputs, up to float64 rounding")
 
 
 def check_constructions(cfg: Config) -> tuple[list, pd.DataFrame]:

@@ -29,7 +29,7 @@ import torch
 from pydantic import Field, PositiveInt
 
 from ..catalog import Entry
-from ..claims import claim, margin, threshold_claim
+from ..claims import Threshold, all_of_claim, threshold_claim
 from ..config import ExperimentConfig
 from ..data import Dataset, digits, mnist
 from ..data.mnist import require_mnist
@@ -44,7 +44,19 @@ from ..training.plateaus import plateau_start
 from .base import Analysis, Experiment, TrainingUnit
 
 TAUS = (0.01, 0.025, 0.05, 0.10)
-REF = "docs/theory/sparsity.md §6; Jacot et al. 2022 Fig. 2"
+REF = "Jacot, Golikov, Hongler, Gabriel 2022 (arXiv 2205.15809) Fig. 2; docs/theory/sparsity.md §6"
+# "Claims for a reproduction" of docs/theory/sparsity.md §6: the paper's Fig. 2 shows the plateau; these readings of
+# it (where it starts, how far a narrow width stays above it) are ours, calibrated on the figure's m(w).
+_FIG2 = "Jacot et al. 2022 Fig. 2, read in docs/theory/sparsity.md §6 (ours)"
+DIGITS_M4_GAP = Threshold(1.4, ">=", source=f"{_FIG2}: m(4) >= 1.4 m_inf on digits")
+DIGITS_START = (Threshold(8, ">=", source=f"{_FIG2}: n*(5%) in [8, 16]"), Threshold(16, "<=", source=_FIG2))
+DIGITS_NSTAR_1PCT = Threshold(48, "<=", source=f"{_FIG2}: n*(1%) <= 48")
+DIGITS_TEST_ERROR = Threshold(0.05, "<=", source=f"{_FIG2}: test error <= 5% at w >= 16 (observed 2.5-3%)")
+TEACHER_M1_GAP = Threshold(5, ">=", source="ours: m(1) >= 5 m_inf on the teacher (observed 14x, sparsity.md §6)")
+TEACHER_START = (Threshold(6, ">=", source="ours: n*(10%) in [6, 32] (observed 12)"), Threshold(32, "<="))
+MNIST_START = (Threshold(8, ">=", source=f"{_FIG2}: n*(5%) in [8, 20] on MNIST"), Threshold(20, "<="))
+CARATHEODORY = Threshold(1e-8, "<=", source="ours: the reduction keeps the outputs, up to float64 rounding")
+NO_LOSS_RISE = Threshold(1e-12, "<=", source="Jacot et al. 2022 §5: the reduction never raises L_λ; 1e-12 rounding")
 CERTIFY = 1e-6  # stationarity a unit must reach for the claims about minima (`featurelab.training.critical`)
 
 
@@ -252,146 +264,141 @@ def onehot_cp_rank(labels: torch.Tensor) -> list[int | None]:
     return [b.lower, b.upper]
 
 
-def interval_claim(statement: str, reference: str, measured: float, lo: float, hi: float, **kw):
-    """The claim lo <= `measured` <= hi, its margin the smaller of the two sides' (`margin`)."""
-    mg = min(margin(measured, lo, ">="), margin(measured, hi, "<="))
-    return claim(statement, reference, f"[{lo:g}, {hi:g}]", measured, mg >= 0, margin=mg, **kw)
+def interval_claim(statement: str, reference: str, measured: float, interval: tuple[Threshold, Threshold], **kw):
+    """The claim lo <= `measured` <= hi for ``interval = (Threshold(lo, ">="), Threshold(hi, "<="))``, its margin
+    the smaller of the two sides'."""
+    lo, hi = interval
+    return all_of_claim(
+        statement,
+        reference,
+        [(measured, lo), (measured, hi)],
+        expected=f"[{lo.bound:g}, {hi.bound:g}]",
+        measured=measured,
+        **kw,
+    )
 
 
 def plateau_claims(d: str, table: pd.DataFrame, m_at: dict, m_inf: float, nstar: dict) -> list:
     """The claims of Fig. 2 on one dataset's m(w): the gap of a narrow width and where the plateau starts
     (statements about the minimal loss: premise "critical"), and the test error of the wide nets."""
-    claims = []
-    if d == "digits":
-        if 4 in m_at:
-            claims.append(
-                threshold_claim(
-                    "digits: a width-4 net is clearly worse than the plateau: m(4)/m_inf",
-                    REF,
-                    m_at[4] / m_inf,
-                    1.4,
-                    ">=",
-                    id="digits-m4-gap",
-                    premise="critical",
-                )
-            )
-        claims.append(
-            interval_claim(
-                "digits: the plateau starts near 10, n*(5%)",
-                REF,
-                nstar["0.05"],
-                8,
-                16,
-                id="digits-plateau-start",
-                premise="critical",
-            )
-        )
-        claims.append(
-            threshold_claim("digits: n*(1%)", REF, nstar["0.01"], 48, "<=", id="digits-nstar-1pct", premise="critical")
-        )
-        big = table[table["width"] >= 16]
-        if len(big):
-            claims.append(
-                threshold_claim(
-                    "digits: test error of the chosen run at every width >= 16 (max)",
-                    REF,
-                    float(big["test_error"].max()),
-                    0.05,
-                    "<=",
-                    id="digits-test-error",
-                )
-            )
-    elif d == "teacher":
-        if 1 in m_at:
-            claims.append(
+    if d == "teacher":
+        gap = (
+            []
+            if 1 not in m_at
+            else [
                 threshold_claim(
                     "teacher: width 1 is far from the plateau: m(1)/m_inf",
                     REF,
                     m_at[1] / m_inf,
-                    5,
-                    ">=",
+                    TEACHER_M1_GAP,
                     id="teacher-m1-gap",
                     premise="critical",
                 )
-            )
-        claims.append(
-            interval_claim("teacher: n*(10%)", REF, nstar["0.1"], 6, 32, id="teacher-plateau-start", premise="critical")
+            ]
         )
-    else:
+        start = interval_claim(
+            "teacher: n*(10%)", REF, nstar["0.1"], TEACHER_START, id="teacher-plateau-start", premise="critical"
+        )
+        return [*gap, start]
+    if d != "digits":
+        return [
+            interval_claim(
+                "MNIST: n*(5%)", REF, nstar["0.05"], MNIST_START, id="mnist-plateau-start", premise="critical"
+            )
+        ]
+    claims = (
+        []
+        if 4 not in m_at
+        else [
+            threshold_claim(
+                "digits: a width-4 net is clearly worse than the plateau: m(4)/m_inf",
+                REF,
+                m_at[4] / m_inf,
+                DIGITS_M4_GAP,
+                id="digits-m4-gap",
+                premise="critical",
+            )
+        ]
+    )
+    claims += [
+        interval_claim(
+            "digits: the plateau starts near 10, n*(5%)",
+            REF,
+            nstar["0.05"],
+            DIGITS_START,
+            id="digits-plateau-start",
+            premise="critical",
+        ),
+        threshold_claim(
+            "digits: n*(1%)", REF, nstar["0.01"], DIGITS_NSTAR_1PCT, id="digits-nstar-1pct", premise="critical"
+        ),
+    ]
+    big = table[table["width"] >= 16]
+    if len(big):
         claims.append(
-            interval_claim("MNIST: n*(5%)", REF, nstar["0.05"], 8, 20, id="mnist-plateau-start", premise="critical")
+            threshold_claim(
+                "digits: test error of the chosen run at every width >= 16 (max)",
+                REF,
+                float(big["test_error"].max()),
+                DIGITS_TEST_ERROR,
+                id="digits-test-error",
+            )
         )
     return claims
 
 
-def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
-    rows = pd.DataFrame(results.values())
-    claims, figures, tables, summary, notes = [], {}, {"runs": rows}, {}, []
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for d in cfg.datasets:
-        sub = rows[rows["dataset"] == d]
-        first_claim = len(claims)
-        if sub.empty:
-            notes.append(f"{d}: no finished runs")
-            continue
-        table = per_width(sub)
-        tables[f"{d}_per_width"] = table
-        widths, m = table["width"].tolist(), table["m"].tolist()
-        m_inf = min(m)
-        nstar = {f"{tau:g}": plateau_start(widths, m, tau) for tau in TAUS}
-        drops = [widths[i + 1] for i in range(len(m) - 1) if m[i + 1] > m[i] * 1.01]
-        summary[d] = {
-            "m": dict(zip(map(str, widths), m)),
-            "m_inf": m_inf,
-            "n_star": nstar,
-            "non_monotone_widths": drops,
-            "reduced_width_max": [int(x) for x in np.max(np.stack(sub["reduced_width"].tolist()), axis=0)],
-        }
-        if drops:
-            notes.append(f"{d}: m(w) rises by > 1% at widths {drops} (optimization failures, Part 3 §5d)")
-        m_at = dict(zip(widths, m))
-        if d != "teacher":
-            summary[d]["prop14_width_bound"] = onehot_cp_rank(make_data(cfg, d).Y_train)
-        claims += plateau_claims(d, table, m_at, m_inf, nstar)
-        # m(w) is a min over trials: its claims rest on the chosen runs, not on a collapsed trial beside them
-        claims[first_claim:] = [c.rests_on(table["id"]) for c in claims[first_claim:]]
-        first_claim = len(claims)
-        healthy = sub[sub["unhealthy"].fillna("") == ""] if "unhealthy" in sub else sub
-        if healthy.empty:
-            notes.append(f"{d}: every network is unhealthy, so the Carathéodory reduction is not checked")
-        else:
-            worst_out = float(healthy["reduced_output_error"].max())
-            claims.append(
-                threshold_claim(
-                    f"{d}: Carathéodory reduction keeps every healthy trained network's training outputs "
-                    f"({len(healthy)} networks): max|Δf|/max|f| (float64)",
-                    "docs/theory/sparsity.md §5b",
-                    worst_out,
-                    1e-8,
-                    "<=",
-                    id=f"{d}-caratheodory-outputs",
-                    kind="identity",
-                )
-            )
-            rise = float(((healthy["reduced_loss"] - healthy["loss"]) / healthy["loss"]).max())
-            claims.append(
-                threshold_claim(
-                    f"{d}: Carathéodory reduction never increases the regularized loss "
-                    f"({len(healthy)} healthy networks): max (L' - L)/L, up to rounding",
-                    "docs/theory/sparsity.md §5b step 6",
-                    rise,
-                    1e-12,
-                    "<=",
-                    id=f"{d}-caratheodory-loss",
-                    kind="identity",
-                )
-            )
-            claims[first_claim:] = [c.rests_on(healthy["id"]) for c in claims[first_claim:]]
-        axes[0].plot(widths, np.array(m) / m_inf, marker="o", label=d)
-        axes[0].axvline(nstar["0.05"], ls=":", color=axes[0].lines[-1].get_color())
-        axes[1].plot(widths, table["test_error"], marker="o", label=d)
-        for l in range(len(table["reduced_width"].iloc[0])):
-            axes[2].plot(widths, [r[l] for r in table["reduced_width"]], marker="o", label=f"{d}, layer {l + 1}")
+def reduction_claims(d: str, healthy: pd.DataFrame) -> list:
+    """The Carathéodory reduction keeps every healthy net's outputs and never raises its regularized loss (checks of
+    the code), each resting on those nets."""
+    claims = [
+        threshold_claim(
+            f"{d}: Carathéodory reduction keeps every healthy trained network's training outputs "
+            f"({len(healthy)} networks): max|Δf|/max|f| (float64)",
+            "Jacot et al. 2022 (arXiv 2205.15809) §5; docs/theory/sparsity.md §5b",
+            float(healthy["reduced_output_error"].max()),
+            CARATHEODORY,
+            id=f"{d}-caratheodory-outputs",
+            kind="identity",
+        ),
+        threshold_claim(
+            f"{d}: Carathéodory reduction never increases the regularized loss "
+            f"({len(healthy)} healthy networks): max (L' - L)/L, up to rounding",
+            "Jacot et al. 2022 (arXiv 2205.15809) §5; docs/theory/sparsity.md §5b step 6",
+            float(((healthy["reduced_loss"] - healthy["loss"]) / healthy["loss"]).max()),
+            NO_LOSS_RISE,
+            id=f"{d}-caratheodory-loss",
+            kind="identity",
+        ),
+    ]
+    return [c.rests_on(healthy["id"]) for c in claims]
+
+
+def dataset_summary(cfg: Config, d: str, sub: pd.DataFrame, table: pd.DataFrame) -> dict:
+    """One dataset's m(w) (`table`: the minimising trial per width), its minimum, n*(τ), the widths where m rises
+    by > 1%, and the widths the reduction keeps."""
+    widths, m = table["width"].tolist(), table["m"].tolist()
+    out = {
+        "m": dict(zip(map(str, widths), m)),
+        "m_inf": min(m),
+        "n_star": {f"{tau:g}": plateau_start(widths, m, tau) for tau in TAUS},
+        "non_monotone_widths": [widths[i + 1] for i in range(len(m) - 1) if m[i + 1] > m[i] * 1.01],
+        "reduced_width_max": [int(x) for x in np.max(np.stack(sub["reduced_width"].tolist()), axis=0)],
+    }
+    if d != "teacher":
+        out["prop14_width_bound"] = onehot_cp_rank(make_data(cfg, d).Y_train)
+    return out
+
+
+def plot_dataset(axes, d: str, table: pd.DataFrame, n_star_5: float) -> None:
+    widths, m = table["width"].tolist(), table["m"].tolist()
+    axes[0].plot(widths, np.array(m) / min(m), marker="o", label=d)
+    axes[0].axvline(n_star_5, ls=":", color=axes[0].lines[-1].get_color())
+    axes[1].plot(widths, table["test_error"], marker="o", label=d)
+    for l in range(len(table["reduced_width"].iloc[0])):
+        axes[2].plot(widths, [r[l] for r in table["reduced_width"]], marker="o", label=f"{d}, layer {l + 1}")
+
+
+def finish_figure(fig, axes, top: int):
     axes[0].set(
         xscale="log",
         yscale="log",
@@ -400,7 +407,6 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         title="min over trials of C + λ‖θ‖² (dotted: n*(5%))",
     )
     axes[1].set(xscale="log", xlabel="hidden width w", ylabel="test error (chosen run)", title="test error")
-    top = max(rows["width"])
     axes[2].plot([1, top], [1, top], color="0.7", lw=1, label="no reduction")
     axes[2].set(
         xscale="log",
@@ -411,8 +417,36 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     )
     for ax in axes:
         ax.legend(fontsize=8)
-    figures["width_plateau"] = fig
-    return Analysis(claims, figures, tables, summary, notes)
+    return fig
+
+
+def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
+    rows = pd.DataFrame(results.values())
+    claims, tables, summary, notes = [], {"runs": rows}, {}, []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for d in cfg.datasets:
+        sub = rows[rows["dataset"] == d]
+        if sub.empty:
+            notes.append(f"{d}: no finished runs")
+            continue
+        table = per_width(sub)
+        tables[f"{d}_per_width"] = table
+        summary[d] = stats = dataset_summary(cfg, d, sub, table)
+        if stats["non_monotone_widths"]:
+            notes.append(
+                f"{d}: m(w) rises by > 1% at widths {stats['non_monotone_widths']} (optimization failures, "
+                "docs/theory/sparsity.md §5d)"
+            )
+        m_at = dict(zip(table["width"].tolist(), table["m"].tolist()))
+        # m(w) is a min over trials: its claims rest on the chosen runs, not on a collapsed trial beside them
+        claims += [c.rests_on(table["id"]) for c in plateau_claims(d, table, m_at, stats["m_inf"], stats["n_star"])]
+        healthy = sub[sub["unhealthy"].fillna("") == ""] if "unhealthy" in sub else sub
+        if healthy.empty:
+            notes.append(f"{d}: every network is unhealthy, so the Carathéodory reduction is not checked")
+        else:
+            claims += reduction_claims(d, healthy)
+        plot_dataset(axes, d, table, stats["n_star"]["0.05"])
+    return Analysis(claims, {"width_plateau": finish_figure(fig, axes, max(rows["width"]))}, tables, summary, notes)
 
 
 CATALOG = (
