@@ -34,7 +34,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import PolynomialFeatures
 
 from ..catalog import Entry
-from ..claims import claim, margin
+from ..claims import Threshold, all_of_claim
 from ..config import ExperimentConfig
 from ..data.bn_tasks import symmetry_gd, symmetry_task
 from ..figures import plt
@@ -231,18 +231,31 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
 
 BOTTLENECK = 0.05  # check 1: s₃/s₁ below it (at most 2-D), s₂/s₁ above it (not 1-D)
 ALMOST_ALL = 0.25  # Cor. 8's p: "almost all" layers read as at least (1 − p) of them **[ours]**
+# The checks of docs/theory/bottleneck-rank.md §4b (ours: Jacot 2023, arXiv 2305.19008, §5 and Fig. 2 show the
+# learned 2-D representation; these are our numbers for "2-D", "encodes", "forgets" and "invariant")
+_CHECKS = "ours: docs/theory/bottleneck-rank.md §4b, reading Jacot 2023 §5, Fig. 2"
+S3_BELOW = Threshold(BOTTLENECK, "<", source=f"{_CHECKS}, check 1: at most 2-D")
+S2_ABOVE = Threshold(BOTTLENECK, ">", source=f"{_CHECKS}, check 1: not 1-D")
+MOST_LAYERS = Threshold(1 - ALMOST_ALL, ">=", source="Jacot 2023 Cor. 8: all but pL layers; p = 1/4 ours")
+R2_ABS_M = Threshold(0.95, ">=", source=f"{_CHECKS}, check 2: Z encodes |m|")
+R2_R = Threshold(0.9, ">=", source=f"{_CHECKS}, check 2: Z encodes r")
+R2_REVERSE = Threshold(0.95, ">=", source=f"{_CHECKS}, check 2: (|m|, r) encode Z")
+SIGN_FORGOTTEN = Threshold(0.1, "<", source=f"{_CHECKS}, check 2: Z forgets the sign of m")
+SYMMETRIC_CHANGE = Threshold(0.05, "<", source=f"{_CHECKS}, check 3: invariant under the maps fixing ±u")
+CONTROL_CHANGE = Threshold(0.5, ">", source=f"{_CHECKS}, check 3: a random orthogonal map moves it")
 
 
 def two_dim_layers(spectra: list[list[float]]) -> list[int]:
     """The hidden layers ℓ = 1..L−1 whose normalised spectrum s_i/s_1 (`spectra[ℓ−1]`) is 2-D by check 1."""
-    return [l for l in range(1, len(spectra)) if spectra[l - 1][2] < BOTTLENECK < spectra[l - 1][1]]
+    return [
+        l for l in range(1, len(spectra)) if S3_BELOW.holds(spectra[l - 1][2]) and S2_ABOVE.holds(spectra[l - 1][1])
+    ]
 
 
 def unit_claims(uid: str, res: dict) -> list:
     """Checks 1, 2, 3 and 5 of one trained net (docs/theory/bottleneck-rank.md §4b; Jacot 2023 Sec. 5, Fig. 2)."""
-    ref = "docs/theory/bottleneck-rank.md §4b; Jacot 2023 Sec. 5, Fig. 2"
+    ref = "Jacot 2023 (arXiv 2305.19008) §5, Fig. 2; docs/theory/bottleneck-rank.md §4b"
     s2, s3 = res["s_ratios"]
-    r2 = res["r2"]
     tag = f"[{uid}, ℓ*={res['l_star']}]"
     hidden = len(res["spectra"]) - 1
     two_d = two_dim_layers(res["spectra"])
@@ -250,66 +263,66 @@ def unit_claims(uid: str, res: dict) -> list:
     sym, control = max(res["symmetry_change"]), res["control_change"]
     crossings, reference = res["path_crossings"], res["true_path_crossings"]
     return [
-        claim(
+        all_of_claim(
             f"{tag} check 1: a 2-D bottleneck, s₃/s₁ < 0.05 and s₂/s₁ > 0.05 (centred α̃_ℓ* on test inputs)",
             ref,
-            "s₂/s₁ > 0.05, s₃/s₁ < 0.05",
-            {"s2/s1": s2, "s3/s1": s3},
-            s3 < BOTTLENECK < s2,
+            [(s3, S3_BELOW), (s2, S2_ABOVE)],
+            expected="s₂/s₁ > 0.05, s₃/s₁ < 0.05",
+            measured={"s2/s1": s2, "s3/s1": s3},
             id=f"check1-2d-bottleneck@{uid}",
-            margin=min(margin(s3, BOTTLENECK, "<="), margin(s2, BOTTLENECK)),
         ),
-        claim(
+        all_of_claim(
             f"[{uid}] check 1 across depth: at least {1 - ALMOST_ALL:g} of the {hidden} hidden layers carry the 2-D "
             "representation (s₃/s₁ < 0.05 < s₂/s₁); the theory bounds how many layers are not low-dimensional, not "
             "which",
-            'Jacot 2023 abstract and Cor. 8 ("almost all hidden representations are approximately k-dimensional"); '
-            "docs/bottleneck-rank.md",
-            f">= {1 - ALMOST_ALL:g} of the hidden layers",
-            {"share": share, "2-D layers": two_d},
-            share >= 1 - ALMOST_ALL,
-            f"[ours] p = {ALMOST_ALL:g}",
+            'Jacot 2023 (arXiv 2305.19008) abstract and Cor. 8 ("almost all hidden representations are approximately '
+            'k-dimensional"); docs/bottleneck-rank.md',
+            [(share, MOST_LAYERS)],
+            expected=f">= {1 - ALMOST_ALL:g} of the hidden layers",
+            measured={"share": share, "2-D layers": two_d},
+            tolerance=f"[ours] p = {ALMOST_ALL:g}",
             id=f"check1-almost-all-layers@{uid}",
-            margin=margin(share, 1 - ALMOST_ALL),
         ),
-        claim(
+        all_of_claim(
             f"{tag} check 5: gradient-flow paths over the task's horizon drawn in the learned 2-D bottleneck cross no "
             "more often than the same paths in the true invariants (|m|, r) (pairs of properly crossing segments of "
             "different paths)",
             ref + ' ("they can be recognized from the fact that the GF paths do not cross on the 2D representation")',
-            f"<= {reference} (the (|m|, r) paths)",
-            crossings,
-            crossings <= reference,
+            [(crossings, Threshold(reference, "<="))],
+            expected=f"<= {reference} (the (|m|, r) paths)",
+            tolerance="",
             id=f"check5-paths-do-not-cross@{uid}",
-            margin=margin(crossings, reference, "<="),
         ),
-        claim(
-            f"{tag} check 2: cubic R² of Z→|m| >= 0.95, Z→r >= 0.9, (|m|,r)→Z >= 0.95",
-            ref,
-            "0.95, 0.9, 0.95",
-            {k: r2[k] for k in ("|m|", "r", "reverse")},
-            r2["|m|"] >= 0.95 and r2["r"] >= 0.9 and r2["reverse"] >= 0.95,
-            id=f"check2-encodes-invariants@{uid}",
-            margin=min(margin(r2["|m|"], 0.95), margin(r2["r"], 0.9), margin(r2["reverse"], 0.95)),
-        ),
-        claim(
-            f"{tag} check 2: the sign of m is forgotten, cubic R² of Z→signed m < 0.1",
-            ref,
-            "< 0.1",
-            r2["signed m"],
-            r2["signed m"] < 0.1,
-            id=f"check2-forgets-sign@{uid}",
-            margin=margin(r2["signed m"], 0.1, "<="),
-        ),
-        claim(
+        *check2_claims(tag, uid, ref, res["r2"]),
+        all_of_claim(
             f"{tag} check 3: relative squared change ‖Δα̃_ℓ*‖²/‖α̃_ℓ* − mean‖² under maps fixing ±u < 0.05, "
             "random orthogonal > 0.5",
             ref,
-            "max < 0.05; control > 0.5",
-            {"max symmetric": sym, "control": control},
-            sym < 0.05 and control > 0.5,
+            [(sym, SYMMETRIC_CHANGE), (control, CONTROL_CHANGE)],
+            expected="max < 0.05; control > 0.5",
+            measured={"max symmetric": sym, "control": control},
             id=f"check3-invariance@{uid}",
-            margin=min(margin(sym, 0.05, "<="), margin(control, 0.5)),
+        ),
+    ]
+
+
+def check2_claims(tag: str, uid: str, ref: str, r2: dict) -> list:
+    """Check 2: the learned 2-D representation Z encodes the invariants |m| and r and forgets the sign of m
+    (cubic-polynomial R² both ways)."""
+    return [
+        all_of_claim(
+            f"{tag} check 2: cubic R² of Z→|m| >= 0.95, Z→r >= 0.9, (|m|,r)→Z >= 0.95",
+            ref,
+            [(r2["|m|"], R2_ABS_M), (r2["r"], R2_R), (r2["reverse"], R2_REVERSE)],
+            expected="0.95, 0.9, 0.95",
+            measured={k: r2[k] for k in ("|m|", "r", "reverse")},
+            id=f"check2-encodes-invariants@{uid}",
+        ),
+        all_of_claim(
+            f"{tag} check 2: the sign of m is forgotten, cubic R² of Z→signed m < 0.1",
+            ref,
+            [(r2["signed m"], SIGN_FORGOTTEN)],
+            id=f"check2-forgets-sign@{uid}",
         ),
     ]
 
