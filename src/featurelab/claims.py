@@ -226,7 +226,7 @@ def all_of_claim(
     reference: str,
     comparisons,
     *,
-    expected: str | None = None,
+    expected=None,
     measured=None,
     tolerance: str | None = None,
     id: str = "",

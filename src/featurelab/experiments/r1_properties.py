@@ -35,7 +35,7 @@ import torch
 from pydantic import Field, PositiveFloat, field_validator
 
 from ..catalog import Entry
-from ..claims import claim, margin
+from ..claims import Threshold, all_of_claim
 from ..config import ExperimentConfig
 from ..data.bn_tasks import R1_TASKS, r1_task
 from ..figures import plt
@@ -53,6 +53,9 @@ from .base import Analysis, Experiment, TrainingUnit
 from .bn_rank_depth import mlp_unit
 
 REF = "Jacot 2023 (arXiv 2305.19008) Theorem 3, Prop. 5; docs/theory/bottleneck-rank.md §2.5, §4c"
+ROUNDING = 1e-10  # ours: the float64 rounding allowed in the exact bound, relative to the largest ‖θ‖²
+NON_NEGATIVE = Threshold(0.0, ">=", source="Jacot 2023 §2.3: ‖θ‖² >= L Σ_i s_i(Jf(x))^{2/L} for any θ")
+NONE_MISSING = Threshold(0.0, "<=", source="ours: every task needs fitting nets at >= 3 depths to fit R̂⁽¹⁾")
 LINEAR_TASKS = ("id-cp", "linear", "sum-f", "sum-g", "comp-g", "comp-f")  # exact cost known (CP linear maps)
 Depth = Annotated[int, Field(ge=2, le=64)]
 SingularValue = Annotated[float, Field(gt=0, le=100)]
@@ -229,14 +232,10 @@ def _exact(*entries: dict) -> list[float]:
     return [e["two_log_pdet"] for e in entries]
 
 
-def _resolved(entry: dict, cfg: Config) -> bool:
-    """A comparison with a known value is informative only when 2se <= r1_atol (a noisy fit passes nothing)."""
-    return bool(2 * entry["R1_se"] <= cfg.r1_atol)
-
-
-def _resolution_margin(entry: dict, cfg: Config) -> float:
-    """The margin of `_resolved`: 2se against r1_atol."""
-    return margin(2 * entry["R1_se"], cfg.r1_atol, "<=")
+def _resolution(entry: dict, cfg: Config) -> tuple[float, Threshold]:
+    """The comparison ``2se <= r1_atol``: a comparison with a known value is informative only when the fit resolves
+    it (a noisy fit passes nothing)."""
+    return 2 * entry["R1_se"], Threshold(cfg.r1_atol, "<=")
 
 
 def _se(*entries: dict) -> float:
@@ -263,15 +262,19 @@ def subadditivity_claim(statement: str, both: str, fg: dict, f: dict, g: dict, i
     """R̂⁽¹⁾(`both`) <= R̂⁽¹⁾(f) + R̂⁽¹⁾(g) up to twice the fits' joint standard error (Theorem 3 items 1-2)."""
     tol = 2 * _se(fg, f, g)
     bound = f["R1_hat"] + g["R1_hat"] + tol
-    return claim(
+    return all_of_claim(
         statement,
         REF,
-        f"R̂⁽¹⁾({both}) <= R̂⁽¹⁾(f) + R̂⁽¹⁾(g) = {f['R1_hat'] + g['R1_hat']:.3f}",
-        {both: fg["R1_hat"], "f": f["R1_hat"], "g": g["R1_hat"], f"2log|·|_+ of {both}, f, g": _exact(fg, f, g)},
-        fg["R1_hat"] <= bound,
-        f"2·√(Σ se²) = {tol:.3f}",
+        [(fg["R1_hat"], Threshold(bound, "<="))],
+        expected=f"R̂⁽¹⁾({both}) <= R̂⁽¹⁾(f) + R̂⁽¹⁾(g) = {f['R1_hat'] + g['R1_hat']:.3f}",
+        measured={
+            both: fg["R1_hat"],
+            "f": f["R1_hat"],
+            "g": g["R1_hat"],
+            f"2log|·|_+ of {both}, f, g": _exact(fg, f, g),
+        },
+        tolerance=f"2·√(Σ se²) = {tol:.3f}",
         id=id,
-        margin=margin(fg["R1_hat"], bound, "<="),
         premise="critical",
     )
 
@@ -279,16 +282,15 @@ def subadditivity_claim(statement: str, both: str, fg: dict, f: dict, g: dict, i
 def slopes_claim(cfg: Config, fits: dict[str, dict]):
     """R⁽⁰⁾ = rank: each task's free-fit slope within slope_tolerance of its rank (items 1-2's precondition)."""
     slopes = {t: f["slope"] for t, f in fits.items()}
-    return claim(
+    return all_of_claim(
         "R⁽⁰⁾ = rank: the free fit's slope of the corrected ‖θ‖² in L equals each task's rank (1 for sum-f, "
         "sum-g; 2 otherwise), the precondition of items 1 and 2",
         REF,
-        {t: f["rank"] for t, f in fits.items()},
-        slopes,
-        all(abs(f["slope"] - f["rank"]) <= cfg.slope_tolerance * f["rank"] for f in fits.values()),
-        f"{cfg.slope_tolerance:.0%} relative",
+        [(f["slope"], Threshold(f["rank"], "==", rtol=cfg.slope_tolerance)) for f in fits.values()],
+        expected={t: f["rank"] for t, f in fits.items()},
+        measured=slopes,
+        tolerance=f"{cfg.slope_tolerance:.0%} relative",
         id="slopes-equal-rank",
-        margin=min(margin(f["slope"], f["rank"], "==", rtol=cfg.slope_tolerance) for f in fits.values()),
         premise="critical",
     )
 
@@ -306,15 +308,14 @@ def cost_claim(cfg: Config, rows: pd.DataFrame, best: pd.DataFrame, tasks, state
         "at": str(top.id.iloc[int(np.argmax(attained.to_numpy()))]),
         "raw ‖θ‖²/exact (best seeds)": [float((top.sq_norm / top.exact).min()), float((top.sq_norm / top.exact).max())],
     }
-    return claim(
+    return all_of_claim(
         statement,
         REF,
-        "no net below the exact cost, the best seed per depth at it",
-        measured,
-        bool(low >= 1 - cfg.cost_rtol and attained.max() <= 1 + cfg.cost_rtol),
-        f"{cfg.cost_rtol:g} relative",
+        [(low, Threshold(1 - cfg.cost_rtol, ">=")), (float(attained.max()), Threshold(1 + cfg.cost_rtol, "<="))],
+        expected="no net below the exact cost, the best seed per depth at it",
+        measured=measured,
+        tolerance=f"{cfg.cost_rtol:g} relative",
         id=cid,
-        margin=min(margin(low, 1 - cfg.cost_rtol), margin(float(attained.max()), 1 + cfg.cost_rtol, "<=")),
         premise="critical",
     )
 
@@ -334,16 +335,15 @@ def item3_claims(cfg: Config, rows: pd.DataFrame, best: pd.DataFrame, fits: dict
             "‖θ‖² + 2C/λ is below it and the best seed at every depth attains it",
             "thm3-item3-linear",
         ),
-        claim(
+        all_of_claim(
             "Theorem 3 item 3: R̂⁽¹⁾ of f = Ax on the CP domain equals the same fit of the exact costs "
             f"(which is within {abs(lin['R1_exact_fit'] - two_log_pdet):.2f} of 2 log|A|_+ = {two_log_pdet:.3f})",
             REF,
-            lin["R1_exact_fit"],
-            {"R1_hat": lin["R1_hat"], "se": lin["R1_se"], "2log|A|+": two_log_pdet},
-            abs(lin["R1_hat"] - lin["R1_exact_fit"]) <= tol and _resolved(lin, cfg),
-            f"2se + {cfg.r1_atol:g} = {tol:.3f}, with 2se <= {cfg.r1_atol:g}",
+            [(lin["R1_hat"], Threshold(lin["R1_exact_fit"], "==", atol=tol)), _resolution(lin, cfg)],
+            expected=lin["R1_exact_fit"],
+            measured={"R1_hat": lin["R1_hat"], "se": lin["R1_se"], "2log|A|+": two_log_pdet},
+            tolerance=f"2se + {cfg.r1_atol:g} = {tol:.3f}, with 2se <= {cfg.r1_atol:g}",
             id="thm3-item3-intercept",
-            margin=min(margin(lin["R1_hat"], lin["R1_exact_fit"], "==", atol=tol), _resolution_margin(lin, cfg)),
             premise="critical",
         ),
         cost_claim(
@@ -364,26 +364,29 @@ def prop5_claims(cfg: Config, fits: dict[str, dict]) -> list:
     tol = 2 * cp["R1_se"] + cfg.r1_atol
     apart = 2 * _se(cp, plane) + cfg.r1_atol
     return [
-        claim(
+        all_of_claim(
             "Prop. 5: R⁽¹⁾(id; Ω) = 0 on a 2-planar completely positive Ω",
             REF,
-            0.0,
-            {"R1_hat": cp["R1_hat"], "se": cp["R1_se"], "R1_hat of raw ‖θ‖²": cp["R1_hat_raw"]},
-            abs(cp["R1_hat"]) <= tol and _resolved(cp, cfg),
-            f"2se + {cfg.r1_atol:g} = {tol:.3f}, with 2se <= {cfg.r1_atol:g}",
+            [(cp["R1_hat"], Threshold(0.0, "==", atol=tol)), _resolution(cp, cfg)],
+            expected=0.0,
+            measured={"R1_hat": cp["R1_hat"], "se": cp["R1_se"], "R1_hat of raw ‖θ‖²": cp["R1_hat_raw"]},
+            tolerance=f"2se + {cfg.r1_atol:g} = {tol:.3f}, with 2se <= {cfg.r1_atol:g}",
             id="prop5-cp-identity-zero",
-            margin=min(margin(cp["R1_hat"], 0.0, "==", atol=tol), _resolution_margin(cp, cfg)),
             premise="critical",
         ),
-        claim(
+        all_of_claim(
             "Prop. 5: R⁽¹⁾(id; Ω) > 0 on a 2-planar Ω that is not completely positive (a centred square), "
             "clearly above the CP identity's",
             REF,
-            f"R̂⁽¹⁾(id-plane) − R̂⁽¹⁾(id-cp) > 2se + {cfg.r1_atol:g} = {apart:.3f}, and R̂⁽¹⁾(id-plane) − 2se > 0",
-            {"id-plane": plane["R1_hat"], "se": plane["R1_se"], "id-cp": cp["R1_hat"]},
-            plane["R1_hat"] - cp["R1_hat"] > apart and plane["R1_hat"] - 2 * plane["R1_se"] > 0,
+            [
+                (plane["R1_hat"] - cp["R1_hat"], Threshold(apart, ">")),
+                (plane["R1_hat"], Threshold(2 * plane["R1_se"], ">")),
+            ],
+            expected=f"R̂⁽¹⁾(id-plane) − R̂⁽¹⁾(id-cp) > 2se + {cfg.r1_atol:g} = {apart:.3f}, "
+            "and R̂⁽¹⁾(id-plane) − 2se > 0",
+            measured={"id-plane": plane["R1_hat"], "se": plane["R1_se"], "id-cp": cp["R1_hat"]},
+            tolerance="",
             id="prop5-noncp-positive",
-            margin=min(margin(plane["R1_hat"] - cp["R1_hat"], apart), margin(plane["R1_hat"], 2 * plane["R1_se"])),
             premise="critical",
         ),
     ]
@@ -417,18 +420,16 @@ def items12_claims(fits: dict[str, dict]) -> list:
 def exact_bound_claim(rows: pd.DataFrame):
     """‖θ‖² >= L Σ_i s_i(Jf(x))^{2/L} holds for any θ: a check of the code (kind "identity"); margin: the smallest
     slack relative to its net's ‖θ‖²."""
-    slack = float(rows.exact_slack.min())
-    rounding = 1e-10 * float(rows.sq_norm.max())
-    return claim(
+    rounding = ROUNDING * float(rows.sq_norm.max())
+    return all_of_claim(
         "exact bound ‖θ‖² >= L Σ_i s_i(Jf(x))^{2/L} at every training point of every trained net (fitting or not; "
         "holds for any θ: a check of the code)",
-        "docs/theory/bottleneck-rank.md §2.3",
-        ">= 0 slack",
-        slack,
-        slack >= -rounding,
-        f"float64 rounding, 1e-10·max‖θ‖² = {rounding:.1e}",
+        "Jacot 2023 (arXiv 2305.19008) §2.3; docs/theory/bottleneck-rank.md §2.3",
+        [(float(((rows.exact_slack + rounding) / rows.sq_norm).min()), NON_NEGATIVE)],
+        expected=">= 0 slack",
+        measured=float(rows.exact_slack.min()),
+        tolerance=f"float64 rounding, 1e-10·max‖θ‖² = {rounding:.1e}",
         id="exact-lower-bound",
-        margin=float(((rows.exact_slack + rounding) / rows.sq_norm).min()),
         kind="identity",
     )
 
@@ -488,14 +489,13 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     missing = [t for t in R1_TASKS if t not in fits]
     if missing:
         claims = [
-            claim(
+            all_of_claim(
                 "every task has fitting nets at >= 3 depths, so that its R̂⁽¹⁾ can be fitted",
                 REF,
-                "all tasks",
-                {"missing": missing},
-                False,
+                [(len(missing) / len(R1_TASKS), NONE_MISSING)],  # the share of tasks short of the count
+                expected="all tasks",
+                measured={"missing": missing},
                 id="r1-fit-possible",
-                margin=-len(missing) / len(R1_TASKS),  # the share of tasks short of the count
             )
         ]
         return Analysis(claims, {}, {"units": rows}, {"missing": missing}, [])
