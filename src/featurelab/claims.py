@@ -24,7 +24,19 @@ class Claim:
     margin: the signed distance of the measurement to its threshold, relative to the threshold (`margin`):
         > 0 inside, < 0 outside; None where the claim has no numeric threshold.
     premise: "" or "critical": a statement the paper makes at critical points (or minima) of the
-        regularised loss; it is measured only on units whose stationarity certificate meets its tolerance.
+        regularised loss. Tier "as the paper did" measures it on the trained nets like any other claim, with
+        `stationarity` beside it; tier "certified" measures it (and every other empirical claim) on the units'
+        certified critical points.
+    stationarity: tier "as the paper did": the largest stationarity ``‖∇(C+R)‖/‖∇R‖`` of the trained nets the
+        claim rests on (None where the run certifies nothing).
+    certified_passed, certified_measured, certified_margin, certified_reason: tier "certified", the same claim
+        measured on the certified nets (`featurelab.training.critical.certify`): it passes only when every
+        unit it rests on is certified and its margin exceeds `error_bar`; None ("not measured") with
+        `certified_reason` otherwise (the failed rule of an uncertified unit, an unhealthy unit, an undefined
+        quantity). Empty where the run certifies nothing; identity claims have only the first tier.
+    error_bar: the certified margin's uncertainty ``|margin(certified) − margin(previous)|·δ/(δ_prev − δ)``:
+        its measured sensitivity to the Clarke residual times the residual (`error_bar`).
+    clarke: the largest Clarke residual δ of the certified units the claim rests on.
     """
 
     statement: str
@@ -39,10 +51,22 @@ class Claim:
     kind: str = "empirical"
     margin: float | None = None
     premise: str = ""
+    stationarity: float | None = None
+    certified_passed: bool | None = None
+    certified_measured: str = ""
+    certified_margin: float | None = None
+    certified_reason: str = ""
+    error_bar: float | None = None
+    clarke: float | None = None
 
     @property
     def verdict(self) -> str:
         return verdict(self.passed)
+
+    @property
+    def certified_verdict(self) -> str:
+        """Tier "certified"'s verdict ("" where the claim has no such tier: an identity, or nothing certified)."""
+        return tier_verdict(self.to_dict())
 
     def not_measured(self, reason: str) -> Claim:
         """This claim with no verdict, because of `reason`."""
@@ -82,6 +106,7 @@ def tally(claims: list[dict]) -> dict:
     ``identity_passed`` and ``identity_total`` the identity claims (checks of the code), counted apart."""
     empirical = [c for c in claims if c.get("kind", "empirical") != "identity"]
     identity = [c for c in claims if c.get("kind", "empirical") == "identity"]
+    certified = [c for c in empirical if has_tier(c)]
     return {
         "claims_passed": sum(c["passed"] is True for c in empirical),
         "claims_failed": sum(c["passed"] is False for c in empirical),
@@ -89,7 +114,64 @@ def tally(claims: list[dict]) -> dict:
         "claims_total": len(empirical),
         "identity_passed": sum(c["passed"] is True for c in identity),
         "identity_total": len(identity),
+        "certified_claims_passed": sum(c.get("certified_passed") is True for c in certified),
+        "certified_claims_failed": sum(c.get("certified_passed") is False for c in certified),
+        "certified_claims_not_measured": sum(c.get("certified_passed") is None for c in certified),
+        "certified_claims_total": len(certified),
     }
+
+
+TIERS = {
+    "paper": "as the paper did: measured on the trained nets (the run's seeds and dtype), stationarity beside it",
+    "certified": "certified: measured on the certified critical points; passes only when every unit it rests on "
+    "is certified and its margin exceeds its error bar (the margin's sensitivity to the Clarke residual δ, times δ)",
+}
+
+
+def has_tier(claim: dict) -> bool:
+    """Whether the claim dict (as in ``claims.json``) carries tier "certified": an empirical claim of a run that
+    certifies its units (measured, or not measured with a reason)."""
+    return claim.get("kind", "empirical") != "identity" and bool(
+        claim.get("certified_measured") or claim.get("certified_reason") or claim.get("certified_passed") is not None
+    )
+
+
+def tier_verdict(claim: dict) -> str:
+    """Tier "certified"'s verdict of the claim dict: "PASS", "FAIL", "NOT MEASURED", or "" without that tier."""
+    return verdict(claim.get("certified_passed")) if has_tier(claim) else ""
+
+
+def error_bar(certified: float, previous: float, ratio: float) -> float:
+    """The error bar of a certified margin: ``|certified − previous|·ratio``, with ``ratio = δ/(δ_prev − δ)``
+    (`certified` and `previous` the margins at the certified point, Clarke residual δ, and at an earlier point
+    of the path, δ_prev > δ). To first order the margin moves by ``κ·δ`` between the certified point and the
+    exact critical point, and ``κ ≈ |certified − previous|/(δ_prev − δ)`` is its measured sensitivity."""
+    return abs(certified - previous) * ratio
+
+
+def certified_tier(paper: Claim, certified: Claim | None, previous: Claim | None, ratio: float | None) -> Claim:
+    """`paper` with tier "certified" filled in from the same claim measured on the certified nets (`certified`)
+    and on the earlier point of their path (`previous`); `ratio` is the largest ``δ/(δ_prev − δ)`` of the
+    units it rests on (None: no error bar can be measured, δ_prev <= δ). Passes when `certified` passes and its
+    margin exceeds its `error_bar` (a claim without a margin: when `certified` passes). Identity claims are
+    returned as they are (one tier)."""
+    if paper.kind == "identity":
+        return paper
+    if certified is None:
+        return replace(paper, certified_reason="the analysis of the certified nets does not make this claim")
+    tier = replace(paper, certified_measured=certified.measured, certified_margin=certified.margin)
+    if certified.passed is None:
+        return replace(tier, certified_reason=certified.reason or "not measured on the certified nets")
+    if certified.margin is None:
+        return replace(tier, certified_passed=certified.passed)
+    if previous is None or previous.margin is None or ratio is None:
+        return replace(tier, certified_reason="no error bar: the path's earlier point gives no margin to compare")
+    bar = error_bar(certified.margin, previous.margin, ratio)
+    tier = replace(tier, error_bar=bar)
+    if certified.passed and certified.margin <= bar:
+        why = f"margin {fmt_margin(certified.margin)} within its error bar {fmt_margin(bar)}"
+        return replace(tier, certified_passed=False, certified_reason=why)
+    return replace(tier, certified_passed=certified.passed)
 
 
 def fmt_margin(value) -> str:

@@ -15,6 +15,8 @@ as "not measured". Units trained through `build` get it from
 
 from __future__ import annotations
 
+import copy
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,7 @@ import torch
 from ..claims import Claim
 from ..config import ExperimentConfig
 from ..data.dataset import Dataset
+from ..io import write_json
 from ..training.trainer import TrainConfig, train
 
 C = TypeVar("C", bound=ExperimentConfig)
@@ -34,8 +37,11 @@ C = TypeVar("C", bound=ExperimentConfig)
 class TrainingUnit:
     """One training run, as built by an experiment's `build`: the model, its data, how to train it and
     the callbacks that add columns to its history (``on_log`` only, so that it can join an ensemble), and
-    `certify`: a stationarity tolerance; when set the trained model is polished to a critical point in float64
-    (`featurelab.training.critical.polish`) before ``finish``, and the result gains its ``"certificate"``."""
+    `certify`: the Clarke-residual tolerance of a certified critical point. When set, the unit is finished three
+    ways (`Experiment.finish_trained`): ``finish`` on the trained net (tier "as the paper did"), then
+    `featurelab.training.critical.certify` on a float64 copy, and ``finish`` on the certified net and on the
+    earlier point of its path (for the error bars); the run folder stores the certified parameters
+    (`save_certified`)."""
 
     model: torch.nn.Module
     data: Dataset
@@ -113,20 +119,74 @@ class Experiment(Generic[C]):
             callbacks=job.callbacks,
             progress=ctx.progress,
         )
-        job.model.cpu()  # `finish` measures on the CPU, next to the unit's data
-        cert = certify(job)
-        return with_health({**self.finish(cfg, unit, job.model, result, ctx), **cert}, job, result.history)
+        return self.finish_trained(cfg, unit, job, result, ctx)
+
+    def finish_trained(self, cfg: C, unit: dict, job: TrainingUnit, result, ctx: UnitContext) -> dict:
+        """``finish`` on the trained `job.model` (moved to the CPU, where `finish` measures next to the unit's
+        data) with its health; where `job.certify` is set, also the certified tier (`certified_results`)."""
+        assert self.finish is not None  # __post_init__ checked it
+        job.model.cpu()
+        trained = self.finish(cfg, unit, job.model, result, ctx)
+        if job.certify is not None:
+            trained = {**trained, **certified_results(self.finish, cfg, unit, job, result, ctx)}
+        return with_health(trained, job, result.history)
 
 
-def certify(job: TrainingUnit) -> dict:
-    """``{"certificate": ...}`` after polishing the trained `job.model` (on the CPU, in place, to float64) to a
-    critical point at tolerance `job.certify` (`featurelab.training.critical.polish`); ``{}`` when not asked."""
-    if job.certify is None:
-        return {}
-    from ..training.critical import polish
+def certified_results(finish: Callable[..., dict], cfg, unit: dict, job: TrainingUnit, result, ctx: UnitContext):
+    """What certification adds to a unit's result: ``"trained_stationarity"`` (``‖∇(C+R)‖/‖∇R‖`` of the trained
+    net, float64), ``"certificate"`` (`Certificate.to_dict`), ``"certified"`` and ``"previous"`` (``finish`` on
+    the certified net and on the earlier point of its path) and ``"certify_seconds"``. The trained `job.model`
+    is left as it is: `certify` runs on a float64 copy, and the unit folder ``ctx.dir`` gains
+    ``certified.safetensors`` and ``certificate.json`` (`save_certified`)."""
+    from ..training.critical import certify, stationarity
 
-    cert = polish(job.model, job.data, job.config.objective, job.config.lam, tolerance=job.certify)
-    return {"certificate": cert.to_dict()}
+    objective, lam = job.config.objective, job.config.lam
+    t0 = time.perf_counter()
+    trained = stationarity(job.model, job.data, objective, lam).stationarity
+    model = copy.deepcopy(job.model).cpu().to(torch.float64)
+    assert job.certify is not None
+    found = certify(model, job.data, objective, lam, tolerance=job.certify)
+    seconds = time.perf_counter() - t0
+    save_certified(ctx.dir, model, found, {"objective": objective, "lam": lam, "seconds": seconds})
+    earlier = copy.deepcopy(model)
+    earlier.load_state_dict(found.previous)
+    return {
+        "trained_stationarity": trained,
+        "certificate": found.certificate.to_dict(),
+        "certified": finish(cfg, unit, model, result, ctx),
+        "previous": finish(cfg, unit, earlier, result, ctx),
+        "certify_seconds": seconds,
+    }
+
+
+CERTIFIED_FILE, CERTIFICATE_FILE = "certified.safetensors", "certificate.json"
+
+
+def save_certified(folder: Path, model: torch.nn.Module, found, info: dict) -> None:
+    """Write ``folder/certified.safetensors`` (the certified parameters as ``param/<name>`` of the model's
+    state_dict, the slopes s* at the kink entries as ``slopes`` (K,), the kink masks as ``kinks/<i>``, one per
+    activation call in forward order; the model's class, the objective, λ and the certified loss in its
+    metadata) and ``folder/certificate.json`` (the certificate and `info`), each atomically."""
+    from ..training.checkpoint import save_tensors
+
+    cert = found.certificate.to_dict()
+    tensors = {f"param/{k}": v for k, v in model.state_dict().items()}
+    tensors["slopes"] = found.slopes.detach().to(torch.float64)
+    tensors.update({f"kinks/{i}": m.detach().to(torch.bool) for i, m in enumerate(found.kink_masks)})
+    meta = {"model": type(model).__name__, "kinks": len(found.kink_masks), "loss": cert.get("loss_after"), **info}
+    save_tensors(folder / CERTIFIED_FILE, tensors, meta)
+    write_json(folder / CERTIFICATE_FILE, {**cert, **info})
+
+
+def load_certified(folder: Path) -> tuple[dict[str, torch.Tensor], torch.Tensor, list[torch.Tensor], dict]:
+    """What `save_certified` wrote in `folder`: (state_dict, slopes (K,), kink masks, metadata), checksummed."""
+    from ..training.checkpoint import load_metadata, load_tensors
+
+    path = folder / CERTIFIED_FILE
+    tensors, meta = load_tensors(path, fix="run the unit again"), load_metadata(path) or {}
+    state = {k.removeprefix("param/"): v for k, v in tensors.items() if k.startswith("param/")}
+    masks = [tensors[f"kinks/{i}"] for i in range(int(meta.get("kinks", 0)))]
+    return state, tensors["slopes"], masks, meta
 
 
 def with_health(result: dict, job: TrainingUnit, history=None) -> dict:

@@ -12,7 +12,7 @@ import html
 import json
 from pathlib import Path
 
-from ..claims import fmt_margin, tally, verdict
+from ..claims import TIERS, fmt, fmt_margin, has_tier, tally, verdict
 from ..errors import FeaturelabError
 from ..io import read_csv, read_json, read_yaml, write_text
 
@@ -35,20 +35,50 @@ def _esc(x) -> str:
 
 
 def _claims_table(claims: list[dict]) -> str:
-    head = "".join(
-        f"<th>{h}</th>" for h in ("#", "statement", "reference", "expected", "measured", "tolerance", "margin", "pass")
+    """The claims as an HTML table; with tier "certified" (`has_tier`) its columns beside the paper tier's."""
+    tiers = any(has_tier(c) for c in claims)
+    cols = ["#", "statement", "reference", "expected", "tolerance", "measured", "margin"]
+    cols += (
+        ["stationarity", "as the paper did", "certified: measured", "margin", "error bar", "δ", "certified"]
+        if tiers
+        else ["pass"]
     )
-    head = f"<tr>{head}</tr>"
     rows = []
     for i, c in enumerate(claims, 1):
+        cells = [i, c["statement"], c["reference"], c["expected"], c["tolerance"], c["measured"]]
+        row = "".join(f"<td>{_esc(x)}</td>" for x in cells) + f"<td>{_esc(fmt_margin(c.get('margin')))}</td>"
+        if tiers:
+            row += f"<td>{_esc(fmt(c.get('stationarity'), 2) if c.get('stationarity') is not None else '')}</td>"
+        row += _verdict_cell(c.get("passed"), c.get("reason", ""))
+        if tiers:
+            row += _certified_cells(c)
         cls = "unmeasured" if c["passed"] is None else ("pass" if c["passed"] else "fail")
-        why = f"<br><small>{_esc(c['reason'])}</small>" if c.get("reason") else ""
-        rows.append(
-            f"<tr class='{cls}'><td>{i}</td><td>{_esc(c['statement'])}</td><td>{_esc(c['reference'])}</td>"
-            f"<td>{_esc(c['expected'])}</td><td>{_esc(c['measured'])}</td><td>{_esc(c['tolerance'])}</td>"
-            f"<td>{_esc(fmt_margin(c.get('margin')))}</td><td class='verdict'>{verdict(c['passed'])}{why}</td></tr>"
-        )
+        rows.append(f"<tr class='{cls}'>{row}</tr>")
+    head = "<tr>" + "".join(f"<th>{h}</th>" for h in cols) + "</tr>"
     return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _verdict_cell(passed: bool | None, reason: str) -> str:
+    cls = "unmeasured" if passed is None else ("pass" if passed else "fail")
+    why = f"<br><small>{_esc(reason)}</small>" if reason else ""
+    return f"<td class='verdict {cls}'><b>{verdict(passed)}</b>{why}</td>"
+
+
+def _certified_cells(c: dict) -> str:
+    """Tier "certified"'s cells of claim `c`: measured, margin, error bar, δ and verdict (blank: one tier)."""
+    if not has_tier(c):
+        return "<td></td>" * 4 + "<td>(one tier)</td>"
+    delta = c.get("clarke")
+    cells = [c.get("certified_measured", ""), fmt_margin(c.get("certified_margin")), fmt_margin(c.get("error_bar"))]
+    cells.append(fmt(delta, 2) if delta is not None else "")
+    return "".join(f"<td>{_esc(x)}</td>" for x in cells) + _verdict_cell(
+        c.get("certified_passed"), c.get("certified_reason", "")
+    )
+
+
+def tiers_legend() -> str:
+    """One line on what each tier of a verdict means (`featurelab.claims.TIERS`)."""
+    return "<p><b>Tiers.</b> " + "; ".join(f"<i>{_esc(t)}</i>" for t in TIERS.values()) + ".</p>"
 
 
 CLAIM_KEYS = ("statement", "reference", "expected", "measured", "tolerance", "passed")
@@ -132,12 +162,12 @@ def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
         f"<h1>{_esc(results['experiment'])} <small>({_esc(results['preset'])})</small></h1>",
         f"<p>{_esc(results.get('summary_text', ''))}</p><p><b>Reference:</b> {_esc(results.get('reference', ''))}</p>",
         f"<p class='summary'><b>Claims: {counts['claims_passed']} of {counts['claims_total']} pass.{unmeasured}</b>"
-        f"{checks} "
+        f"{_certified_headline(counts)}{checks} "
         f"Device {_esc(results.get('device'))}; {results.get('n_units', 0)} runs "
         f"({len(results.get('failed', {}))} failed, {len(unhealthy)} unhealthy); "
         f"wall time {results.get('seconds', 0):.1f} s.</p>",
         "<h2>Claims</h2><p>Margin: the signed distance of the measurement to its threshold, relative to the "
-        "threshold (negative: outside).</p>",
+        "threshold (negative: outside).</p>" + (tiers_legend() if counts["certified_claims_total"] else ""),
         _claims_table([c for c in claims if c.get("kind") != "identity"]),
     ]
     if identity:
@@ -159,18 +189,33 @@ def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
     if results.get("summary"):
         parts.append("<h2>Summary</h2><pre>" + _esc(_pretty(results["summary"])) + "</pre>")
     parts.append("<h2>Config</h2><pre>" + _esc(config_text) + "</pre>")
-    timings = results.get("unit_seconds", {})
-    if timings:
-        parts.append(
-            "<h2>Timings</h2><table><tr><th>run</th><th>seconds</th></tr>"
-            + "".join(f"<tr><td>{_esc(k)}</td><td>{v:.2f}</td></tr>" for k, v in timings.items())
-            + "</table>"
-        )
+    if results.get("unit_seconds"):
+        parts.append(_timings(results["unit_seconds"], results.get("certify_seconds", {})))
     parts.append("<h2>Versions</h2>" + mapping_table(results.get("versions", {})))
     parts.append("</body></html>")
     path = run / "report.html"
     write_text(path, "\n".join(parts))
     return path
+
+
+def _timings(seconds: dict, certify: dict) -> str:
+    """The table of each unit's wall time and, where units were certified, the certification's share of it."""
+    extra = "<th>of which certification</th>" if certify else ""
+    rows = []
+    for k, v in seconds.items():
+        cert = (f"<td>{certify[k]:.2f}</td>" if k in certify else "<td></td>") if certify else ""
+        rows.append(f"<tr><td>{_esc(k)}</td><td>{v:.2f}</td>{cert}</tr>")
+    return f"<h2>Timings</h2><table><tr><th>run</th><th>seconds</th>{extra}</tr>{''.join(rows)}</table>"
+
+
+def _certified_headline(counts: dict) -> str:
+    """ " Certified: 3 of 5 pass (1 not measured)." from `tally`'s counts ("" where nothing is certified)."""
+    if not counts["certified_claims_total"]:
+        return ""
+    n_none = counts["certified_claims_not_measured"]
+    unmeasured = f" ({n_none} not measured)" if n_none else ""
+    passed, total = counts["certified_claims_passed"], counts["certified_claims_total"]
+    return f" <b>Certified: {passed} of {total} pass{unmeasured}.</b>"
 
 
 def yaml_text(path: Path) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..claims import fmt_margin, verdict
+from ..claims import TIERS, fmt_margin, has_tier, tier_verdict, verdict
 from ..errors import FeaturelabError
 from ..io import read_json, write_json, write_text
 from .report import page_head
@@ -136,16 +136,15 @@ def robustness_table(name: str, preset: str, runs: list[dict]) -> dict:
                     "margins": {},
                     "measured": {},
                     "reasons": {},
+                    **{k: {} for k in CERTIFIED_KEYS},
                 },
             )
-            row["verdicts"][r["label"]] = verdict(c["passed"])
-            row["margins"][r["label"]] = c.get("margin")
-            row["measured"][r["label"]] = c["measured"]
-            if c.get("reason"):
-                row["reasons"][r["label"]] = c["reason"]
+            _record(row, r["label"], c)
     for row in rows.values():
         passes = [row["verdicts"].get(label) == "PASS" for label in labels]
         row["reproduced"] = row["kind"] == "empirical" and bool(passes) and all(passes)
+        certified = [row["certified_verdicts"].get(label) == "PASS" for label in labels]
+        row["certified_reproduced"] = row["kind"] == "empirical" and bool(certified) and all(certified)
         finite = [m for m in row["margins"].values() if isinstance(m, (int, float))]
         row["min_margin"] = min(finite) if finite else None
     claims = list(rows.values())
@@ -161,7 +160,41 @@ def robustness_table(name: str, preset: str, runs: list[dict]) -> dict:
         "reproduced": sum(c["reproduced"] for c in empirical),
         "empirical": len(empirical),
         "identity": len(claims) - len(empirical),
+        "certified_reproduced": sum(c["certified_reproduced"] for c in empirical),
+        "certified": sum(bool(c["certified_verdicts"]) for c in empirical),
     }
+
+
+CERTIFIED_KEYS = ("certified_verdicts", "certified_margins", "error_bars", "certified_reasons", "stationarity")
+
+
+def _record(row: dict, label: str, c: dict) -> None:
+    """Variant `label`'s claim `c` into the robustness `row`: both tiers' verdicts, margins, reasons (tier
+    "certified" only where the claim has it, `has_tier`)."""
+    row["verdicts"][label] = verdict(c["passed"])
+    row["margins"][label] = c.get("margin")
+    row["measured"][label] = c["measured"]
+    if c.get("reason"):
+        row["reasons"][label] = c["reason"]
+    if c.get("stationarity") is not None:
+        row["stationarity"][label] = c["stationarity"]
+    if not has_tier(c):
+        return
+    row["certified_verdicts"][label] = tier_verdict(c)
+    row["certified_margins"][label] = c.get("certified_margin")
+    row["error_bars"][label] = c.get("error_bar")
+    if c.get("certified_reason"):
+        row["certified_reasons"][label] = c["certified_reason"]
+
+
+def tier_text(row: dict, label: str) -> str:
+    """Tier "certified"'s cell text of variant `label` ("cert PASS +12% ±0.1%"; "" without that tier)."""
+    v = row.get("certified_verdicts", {}).get(label)
+    if not v:
+        return ""
+    bar = row.get("error_bars", {}).get(label)
+    bar_text = f" ±{fmt_margin(bar).lstrip('+')}" if bar is not None else ""
+    return f"cert {v} {fmt_margin(row['certified_margins'].get(label))}{bar_text}".strip()
 
 
 def _esc(x) -> str:
@@ -175,7 +208,10 @@ def _cell(row: dict, label: str) -> str:
     title = f" title='{_esc(why)}'" if why else ""
     measured = _esc(row["measured"].get(label, ""))
     margin = _esc(fmt_margin(row["margins"].get(label)))
-    return f"<td class='{cls}'{title}><b>{_esc(v or 'absent')}</b> {margin}<br><small>{measured}</small></td>"
+    cert = tier_text(row, label)
+    why_cert = row.get("certified_reasons", {}).get(label, "")
+    tier = f"<br><span title='{_esc(why_cert)}'>{_esc(cert)}</span>" if cert else ""
+    return f"<td class='{cls}'{title}><b>{_esc(v or 'absent')}</b> {margin}{tier}<br><small>{measured}</small></td>"
 
 
 def _claims_html(table: dict, kind: str, prefix: str = "") -> str:
@@ -184,14 +220,14 @@ def _claims_html(table: dict, kind: str, prefix: str = "") -> str:
         return ""
     labels = [v["label"] for v in table["variants"]]
     head = "".join(f"<th><a href='{_esc(prefix + v['report'])}'>{_esc(v['label'])}</a></th>" for v in table["variants"])
+    tiers = kind == "empirical" and any(c.get("certified_verdicts") for c in rows)
     last = "<th>reproduced</th>" if kind == "empirical" else ""
+    last += "<th>certified reproduced</th>" if tiers else ""
     body = []
     for c in rows:
         rep = ""
         if kind == "empirical":
-            rep = (
-                f"<td class='{'pass' if c['reproduced'] else 'fail'}'><b>{'yes' if c['reproduced'] else 'no'}</b></td>"
-            )
+            rep = _yes_no(c["reproduced"]) + (_yes_no(c["certified_reproduced"]) if tiers else "")
         body.append(
             f"<tr><td><code>{_esc(c['id'])}</code><br>{_esc(c['statement'])}<br><small>{_esc(c['reference'])}; "
             f"expected {_esc(c['expected'])}</small></td>"
@@ -202,6 +238,10 @@ def _claims_html(table: dict, kind: str, prefix: str = "") -> str:
     return f"<table><tr><th>claim</th>{head}{last}</tr>{''.join(body)}</table>"
 
 
+def _yes_no(ok: bool) -> str:
+    return f"<td class='{'pass' if ok else 'fail'}'><b>{'yes' if ok else 'no'}</b></td>"
+
+
 def robustness_html(table: dict, prefix: str = "", level: int = 1) -> str:
     """The body of a robustness page: headline (empirical claims only), the empirical claims' table
     (verdict and margin per variant, linked to its report), the identity claims apart, variant errors."""
@@ -210,7 +250,7 @@ def robustness_html(table: dict, prefix: str = "", level: int = 1) -> str:
         f"<{h}>{_esc(table['experiment'])} <small>({_esc(table['preset'])})</small></{h}>",
         f"<p class='summary'><b>{table['reproduced']} of {table['empirical']} claims reproduced</b> (passed under "
         f"every one of {', '.join(v['label'] for v in table['variants'])}); margins are the signed distance to "
-        "each claim's threshold, relative to it.</p>",
+        f"each claim's threshold, relative to it.{_certified_line(table)}</p>",
         _claims_html(table, "empirical", prefix),
     ]
     identity = _claims_html(table, "identity", prefix)
@@ -223,6 +263,17 @@ def robustness_html(table: dict, prefix: str = "", level: int = 1) -> str:
         if v["error"] or v["problems"]:
             parts.append(f"<p><b>{_esc(v['label'])}</b>: {_esc(v['error'] or v['problems'])}</p>")
     return "\n".join(parts)
+
+
+def _certified_line(table: dict) -> str:
+    """ " Certified: 3 of 5 claims reproduced ..." ("" where the experiment certifies no unit)."""
+    if not table.get("certified"):
+        return ""
+    return (
+        f" <b>Certified: {table['certified_reproduced']} of {table['certified']} reproduced</b> ("
+        + "; ".join(TIERS.values())
+        + ")."
+    )
 
 
 def reproduce(
@@ -262,6 +313,8 @@ def reproduce(
         "reproduced": sum(t["reproduced"] for t in tables),
         "empirical": sum(t["empirical"] for t in tables),
         "identity": sum(t["identity"] for t in tables),
+        "certified_reproduced": sum(t.get("certified_reproduced", 0) for t in tables),
+        "certified": sum(t.get("certified", 0) for t in tables),
     }
     write_json(root / "index.json", index)
     write_text(root / "index.html", index_html(index))
@@ -300,7 +353,13 @@ def markdown_tables(index: dict) -> str:
     out = [
         f"Generated by `featurelab reproduce --preset {index['preset']} --seeds "
         f"{','.join(map(str, index['seeds']))}`: **{index['reproduced']} of {index['empirical']} empirical "
-        f"claims reproduced** (pass under every variant); {index['identity']} checks of the code listed apart.",
+        f"claims reproduced** (pass under every variant); {index['identity']} checks of the code listed apart."
+        + (
+            f" Certified tier: **{index['certified_reproduced']} of {index['certified']} reproduced** (cells: "
+            "`as the paper did · cert <verdict> <margin> ±<error bar>`)."
+            if index.get("certified")
+            else ""
+        ),
         "",
     ]
     for t in index["tables"]:
@@ -316,10 +375,19 @@ def markdown_tables(index: dict) -> str:
             out.append("|---" * (len(labels) + 2) + "|")
             for c in rows:
                 cells = [
-                    f"{c['verdicts'].get(label, 'absent')} {fmt_margin(c['margins'].get(label))}".strip()
+                    " · ".join(
+                        x
+                        for x in (
+                            f"{c['verdicts'].get(label, 'absent')} {fmt_margin(c['margins'].get(label))}".strip(),
+                            tier_text(c, label),
+                        )
+                        if x
+                    )
                     for label in labels
                 ]
                 last = ("yes" if c["reproduced"] else "**no**") if kind == "empirical" else "identity"
+                if c.get("certified_verdicts"):
+                    last += f" (certified: {'yes' if c.get('certified_reproduced') else '**no**'})"
                 out.append(f"| `{_md(c['id'])}` | " + " | ".join(_md(x) for x in cells) + f" | {last} |")
             out.append("")
         for v in t["variants"]:

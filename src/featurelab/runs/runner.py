@@ -10,8 +10,12 @@ decides is checked before the folder is touched.
 
 Health: a unit whose result is marked ``"unhealthy"`` (a diverged, collapsed, chance-level or untrained
 network, `featurelab.training.health`) leaves every claim resting on it (`Claim.units`; by default all) "not
-measured"; so does a unit without a certified critical point (its result's ``"certificate"``) for a claim
-whose premise is "critical" (`Claim.premise`). A run with failed or unhealthy units says so
+measured".
+
+Two tiers: every empirical claim is judged "as the paper did" (on the trained nets; `passed`, which decides
+the exit status) and, where the experiment certifies its units (`TrainingUnit.certify`), "certified" (on the
+units' certified critical points, against the error bar of its margin; `two_tiers`). A run with failed or
+unhealthy units says so
 (`RunRecord.problems`); one whose empirical claims do not all pass, or whose checks of the code fail, is not
 `RunRecord.all_passed`; the CLI exits with status 1 in both cases.
 """
@@ -20,12 +24,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from ..claims import Claim, claim, fmt, tally
+from ..claims import Claim, certified_tier, claim, fmt, tally
 from ..config import merge, validate
 from ..errors import FeaturelabError, WriteError
 from ..experiments import get_experiment
@@ -167,40 +171,91 @@ def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
     return None
 
 
-def _claim_gate(claims: list[Claim], unhealthy: dict[str, str], results: dict[str, dict] | None = None) -> list[Claim]:
-    """Each claim "not measured" while a unit it rests on (`Claim.units`; None: every unit) is unhealthy: a
-    claim cannot rest on a trivial solution; and a claim whose premise is "critical" while a unit it rests on
-    (among `results`, unit id -> result) has no ``"certificate"`` with ``certified`` true: a statement about
-    critical points is not measured away from one."""
+def _claim_gate(claims: list[Claim], unhealthy: dict[str, str]) -> list[Claim]:
+    """Tier "as the paper did": each claim "not measured" while a unit it rests on (`Claim.units`; None: every
+    unit) is unhealthy: a claim cannot rest on a trivial solution. Claims whose premise is "critical" are
+    measured on the trained nets like any other (their stationarity is shown beside them, `two_tiers`)."""
     gated = []
     for c in claims:
-        bad = {u: why for u, why in unhealthy.items() if c.units is None or u in c.units}
-        if not bad and c.premise == "critical":
-            bad = {
-                u: not_critical(r)
-                for u, r in (results or {}).items()
-                if (c.units is None or u in c.units) and not_critical(r)
-            }
-            what = "not at a critical point"
-        else:
-            what = "unhealthy"
+        bad = _rested(c, unhealthy)
         if bad:
-            uid, why = next(iter(bad.items()))
-            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-            c = c.not_measured(f"unit {what}: {uid}: {why}{more}")
+            c = c.not_measured(f"unit unhealthy: {_first(bad)}")
         gated.append(c)
     return gated
 
 
-def not_critical(result: dict) -> str:
-    """ "" when the unit `result` carries a certified critical point, else why not ("stationarity 3e-2 >
-    1e-6", or that it has no certificate)."""
+def _rested(c: Claim, per_unit: dict) -> dict:
+    """The entries of `per_unit` (unit id -> anything) of the units claim `c` rests on."""
+    return {u: v for u, v in per_unit.items() if c.units is None or u in c.units}
+
+
+def _first(bad: dict[str, str]) -> str:
+    uid, why = next(iter(bad.items()))
+    return f"{uid}: {why}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
+
+
+def _why_not(sick: dict, uncertified: dict, failure: str) -> str:
+    if sick:
+        return f"unit unhealthy: {_first(sick)}"
+    return f"unit not certified: {_first(uncertified)}" if uncertified else failure
+
+
+def not_certified(result: dict) -> str:
+    """ "" when the unit `result` carries a certified critical point, else why not: the rule its certificate
+    failed (`Certificate.rule`), or that it has none."""
     cert = result.get("certificate")
     if not isinstance(cert, dict):
-        return "no stationarity certificate"
+        return "no certificate"
     if cert.get("certified") is True:
         return ""
-    return f"stationarity {fmt(cert.get('stationarity'), 2)} > {fmt(cert.get('tolerance'), 2)}"
+    return str(cert.get("rule") or f"Clarke residual {fmt(cert.get('clarke'), 2)} > {fmt(cert.get('tolerance'), 2)}")
+
+
+def _ratio(results: dict[str, dict]) -> float | None:
+    """The largest ``δ/(δ_prev − δ)`` over the certificates of `results` (None where δ_prev <= δ)."""
+    ratios = []
+    for r in results.values():
+        delta, prev = (float(r["certificate"].get(k) or 0.0) for k in ("clarke", "previous_clarke"))
+        if delta > 0 and prev <= delta:
+            return None
+        ratios.append(delta / (prev - delta) if delta > 0 else 0.0)
+    return max(ratios, default=0.0)
+
+
+def two_tiers(
+    paper: list[Claim],
+    certified: list[Claim],
+    previous: list[Claim],
+    results: dict[str, dict],
+    unhealthy: dict,
+    failure: str = "",
+) -> list[Claim]:
+    """The claims of tier "as the paper did" (`paper`, gated by `_claim_gate`) with tier "certified" filled in
+    (`featurelab.claims.certified_tier`) from the claims of the same ids measured on the certified nets
+    (`certified`) and on the earlier point of their path (`previous`); `results` are the units' results (unit id
+    -> result, with ``"certificate"``). A claim resting on an unhealthy or uncertified unit is "not measured" in
+    tier "certified", with the reason; so is every claim when the certified analysis failed (`failure`, why).
+    Runs that certify no unit are returned as they are."""
+    if not any(isinstance(r.get("certificate"), dict) for r in results.values()):
+        return paper
+    by_id = [{c.id or c.statement: c for c in claims} for claims in (certified, previous)]
+    out = []
+    for c in paper:
+        mine = _rested(c, results)
+        trained = [float(r["trained_stationarity"]) for r in mine.values() if "trained_stationarity" in r]
+        c = replace(c, stationarity=max(trained) if trained else None)
+        if c.kind == "identity":
+            out.append(c)
+            continue
+        sick = _rested(c, unhealthy)
+        uncertified = {u: why for u, r in mine.items() if (why := not_certified(r))}
+        if sick or uncertified or failure:
+            out.append(replace(c, certified_reason=_why_not(sick, uncertified, failure)))
+            continue
+        key = c.id or c.statement
+        c = replace(c, clarke=max((float(r["certificate"].get("clarke") or 0.0) for r in mine.values()), default=None))
+        out.append(certified_tier(c, by_id[0].get(key), by_id[1].get(key), _ratio(mine)))
+    return out
 
 
 def finished_record(run: Path) -> RunRecord:
@@ -310,6 +365,34 @@ def run_experiment(
                 pass
 
 
+def tier_results(results: dict[str, dict], point: str) -> dict[str, dict]:
+    """The units' results as measured at `point` ("certified" or "previous": ``finish`` on the certified net or
+    on the earlier point of its path), each with its ``"certificate"``; a unit without one keeps its own."""
+    return {
+        u: {**r[point], "certificate": r["certificate"]} if isinstance(r.get(point), dict) else r
+        for u, r in results.items()
+    }
+
+
+def _tier_claims(exp, cfg, results: dict[str, dict], ctx: AnalysisContext) -> tuple[list[Claim], list[Claim], str]:
+    """The claims of `exp.analyze` on the certified nets and on the earlier points of their paths, and "" or why
+    that analysis failed (then tier "certified" of every claim says so; the paper tier stands)."""
+    if not any(isinstance(r.get("certified"), dict) for r in results.values()):
+        return [], [], ""
+    import matplotlib.pyplot as plt
+
+    out = []
+    for point in ("certified", "previous"):
+        try:
+            analysis = exp.analyze(cfg, tier_results(results, point), ctx)
+        except Exception as exc:  # the paper tier stands; each claim's certified tier reads why
+            return [], [], f"the analysis of the {point} nets failed: {one_line(exc)}"
+        for fig in analysis.figures.values():
+            plt.close(fig)
+        out.append(list(analysis.claims))
+    return out[0], out[1], ""
+
+
 def _run(exp, cfg, run: Path, preset: str, sweep_args: dict) -> RunRecord:
     """Sweep, analyse, write figures, tables, claims and the report, then ``results.json``."""
     t0 = time.perf_counter()
@@ -333,7 +416,9 @@ def _run(exp, cfg, run: Path, preset: str, sweep_args: dict) -> RunRecord:
             f"({', '.join(sweep.failed)}; first: {next(iter(sweep.failed.values()))}) [{one_line(exc)}]; "
             "fix their cause (units/<id>/error.txt) and run again with --resume"
         ) from None
-    claims = _claim_gate(list(analysis.claims), unhealthy, sweep.results)
+    certified, previous, why = _tier_claims(exp, cfg, sweep.results, AnalysisContext(run, dev, dict(sweep.failed)))
+    paper = _claim_gate(list(analysis.claims), unhealthy)
+    claims = two_tiers(paper, certified, previous, sweep.results, unhealthy, why)
     if len(units) > 1:
         claims.append(
             claim(
@@ -366,6 +451,7 @@ def _run(exp, cfg, run: Path, preset: str, sweep_args: dict) -> RunRecord:
         "skipped_on_resume": sweep.skipped,
         "seconds": time.perf_counter() - t0,
         "unit_seconds": sweep.seconds,
+        "certify_seconds": {u: r["certify_seconds"] for u, r in sweep.results.items() if "certify_seconds" in r},
         "summary": analysis.summary,
         "notes": analysis.notes,
         "versions": versions(),

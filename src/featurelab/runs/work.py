@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..config import ExperimentConfig
 from ..errors import WriteError
-from ..experiments.base import Experiment, UnitContext, certify, with_health
+from ..experiments.base import Experiment, UnitContext
 from ..io import digest, make_folder, write_json, write_text
 from ..runtime import set_threads
 
@@ -129,13 +129,7 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
         try:
             if isinstance(res, Exception):
                 raise res
-            job.model.cpu()  # `finish` measures on the CPU, next to the unit's data
-            cert = certify(job)
-            result = with_health(
-                {**exp.finish(cfg, unit, job.model, res, UnitContext(path, item.device, False, progress)), **cert},
-                job,
-                res.history,
-            )
+            result = exp.finish_trained(cfg, unit, job, res, UnitContext(path, item.device, False, progress))
             write_result(path, item, unit, seconds, result, ensemble=len(item.units))
             out.append(UnitOutcome(unit["id"], result, None, seconds))
         except WriteError:
