@@ -119,13 +119,15 @@ def test_cp_rank_lower_bound_and_reach_tolerance():
     assert claims["loss-lower-bound"].passed and claims["loss-lower-bound"].kind == "identity"
     assert {x.kind for x in claims.values() if x.id.startswith("construction")} == {"identity"}
     # an uncertified width-8 minimiser leaves the narrow claim unmeasured, not the wide one (it rests on w >= 9)
-    from featurelab.runs.runner import _claim_gate
+    from featurelab.runs.runner import two_tiers
 
     certificates = {
         u: {"certificate": {"certified": u != "w8", "stationarity": 1e-4, "tolerance": 1e-6}} for u in rows(0)
     }
-    gated = {x.id: x for x in _claim_gate(list(claims.values()), {}, certificates)}
-    assert gated["wide-reach-optimum"].passed is True and gated["narrow-above-optimum"].passed is None
+    listed = list(claims.values())
+    gated = {x.id: x for x in two_tiers(listed, listed, listed, certificates, {})}
+    assert gated["wide-reach-optimum"].certified_passed is True
+    assert gated["narrow-above-optimum"].certified_passed is None
     claims = {x.id: x for x in analyze(cfg, rows(bound * (1 + 3e-3)), None).claims}
     assert not claims["wide-reach-optimum"].passed  # within 1 % of m_low, but not twice as near as width 8
     claims = {x.id: x for x in analyze(cfg, rows(bound * (1 - 1e-6)), None).claims}
