@@ -1,5 +1,5 @@
-"""CPU matrix products through oneDNN or torch (`featurelab.models.gemm`): each path against a float64 product,
-the choice itself, and the float32 models that use them (the digits MLP ensemble's first layer, the Leaky
+"""CPU matrix products through oneDNN or torch (`featurelab.training._kernels.gemm`): each path against a float64
+product, the choice itself, and the float32 models that use them (the digits MLP ensemble's first layer, the Leaky
 ResNet's residual steps) against float64 plain autograd, with oneDNN forced on and off."""
 
 import copy
@@ -9,9 +9,10 @@ import torch
 
 import featurelab as fl
 from featurelab.errors import FeaturelabError
-from featurelab.models import gemm
 from featurelab.models import leaky_resnet as lr
 from featurelab.training import Phase, TrainConfig, data_cost
+from featurelab.training._kernels import gemm
+from featurelab.training._kernels.leaky_resnet import ResidualSteps
 from featurelab.training.stack import Losses, Stack
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -127,7 +128,7 @@ def test_float32_residual_steps_match_float64_autograd(gen, products, path, memb
     rho = torch.full((*lead, L), 1 / L, dtype=torch.float64)
     G = torch.randn(*lead, N, w, generator=gen)
     A0_32, W_32 = A0.clone().requires_grad_(True), W.clone().requires_grad_(True)
-    out = lr._ResidualSteps.apply(A0_32, W_32, rho, 2.0)
+    out = ResidualSteps.apply(A0_32, W_32, rho, 2.0)
     dA0, dW = torch.autograd.grad(out, (A0_32, W_32), G)
     A0_64, W_64 = A0.double().requires_grad_(True), W.double().requires_grad_(True)
     ref = lr.euler_steps(A0_64, W_64, rho, 2.0)[-1]

@@ -1,27 +1,45 @@
-"""The Leaky ResNet's residual steps as one autograd node (`featurelab.models.leaky_resnet._ResidualSteps`)
-against plain autograd of the plain path (`LeakyResNet.representations`, which ``return_layers=True`` takes):
-outputs, gradients and Hessian-vector products, float64, one net and stacked members."""
+"""The Leaky ResNet's residual steps as one autograd node (`featurelab.training._kernels.leaky_resnet.ResidualSteps`),
+as the training core calls it (`_kernels.forward`), against plain autograd of the model's formula
+(`LeakyResNet.representations`): outputs, gradients and Hessian-vector products, float64, one net and stacked
+members."""
 
 import pytest
 import torch
 from torch.func import functional_call
 
 from featurelab.models import LeakyResNet
-from featurelab.models import leaky_resnet as lr
+from featurelab.training import _kernels
+from featurelab.training._kernels import leaky_resnet as kernel
 
 D_IN, D_OUT, WIDTH, DEPTH, N = 3, 2, 5, 4, 7
 MEMBER_DEPTHS = [2.0, 3.0, 1.5]  # L̃ per member where they differ
 
 
+class _Core(torch.nn.Module):
+    """`model`'s forward as the training core takes it (`_kernels.forward`), or (`plain`) its formula."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, X: torch.Tensor, plain: bool = False) -> torch.Tensor:
+        return self.model(X, return_layers=True).output if plain else _kernels.forward(self.model, X)
+
+
+def call(model, state: dict[str, torch.Tensor], X: torch.Tensor, plain: bool = False) -> torch.Tensor:
+    """Ŷ of `model` holding the tensors `state` (by name): through `_kernels.forward`, or (`plain`) the formula."""
+    return functional_call(_Core(model), {f"model.{k}": v for k, v in state.items()}, (X,), {"plain": plain})
+
+
 def fused_nodes(out: torch.Tensor) -> int:
-    """How many `_ResidualSteps` nodes the graph behind `out` holds."""
+    """How many `ResidualSteps` nodes the graph behind `out` holds."""
     seen, todo, count = set(), [out.grad_fn], 0
     while todo:
         node = todo.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        count += type(node).__name__ == "_ResidualStepsBackward"
+        count += type(node).__name__ == "ResidualStepsBackward"
         todo.extend(f for f, _ in node.next_functions)
     return count
 
@@ -60,8 +78,7 @@ def outputs_and_gradients(model, state, X, G, plain: bool, x_grad: bool, w_grad:
     learned |= {"U_in", "V_out"} if model.io == "learned" else set()
     leaves = {k: v.clone().requires_grad_(k in learned) for k, v in state.items()}
     Xl = X.clone().requires_grad_(x_grad)
-    out = functional_call(model, leaves, (Xl,), {"return_layers": plain})
-    out = out.output if plain else out
+    out = call(model, leaves, Xl, plain)
     assert fused_nodes(out) == (0 if plain else 1)
     wanted = {k: v for k, v in {**leaves, "X": Xl}.items() if v.requires_grad}
     grads = torch.autograd.grad((out * G).sum(), list(wanted.values()))
@@ -125,8 +142,7 @@ def test_hessian_vector_products_match_the_plain_path(M):
 
     def hvp(plain: bool) -> list[torch.Tensor]:
         leaves = {k: t.clone().requires_grad_(k in names) for k, t in state.items()}
-        out = functional_call(model, leaves, (X,), {"return_layers": plain})
-        out = out.output if plain else out
+        out = call(model, leaves, X, plain)
         assert fused_nodes(out) == (0 if plain else 1)
         cost = ((out - Y) ** 2).sum() / N
         grads = torch.autograd.grad(cost, [leaves[k] for k in names], create_graph=True)
@@ -151,19 +167,20 @@ def test_float32_matches_float64_to_float32_rounding():
 
 
 def test_transforms_step_leaves_and_no_grad_take_the_plain_path(monkeypatch):
-    """torch.func.grad, a leaf ρ (∂𝓛/∂ρ) and no_grad run `representations`; their values are plain autograd's."""
+    """Under torch.func.grad, with a leaf ρ (∂𝓛/∂ρ) and under no_grad `_kernels.forward` runs the formula
+    (`representations`); its values are plain autograd's."""
     model, state, X = network(None, "fixed", "irregular", "same", seed=6)
     W = state["W"].clone().requires_grad_()
-    (expected,) = torch.autograd.grad(functional_call(model, {"W": W}, (X,)).sum(), W)
+    (expected,) = torch.autograd.grad(call(model, {"W": W}, X).sum(), W)
 
     def fused(*args):
         raise AssertionError("the fused node ran")
 
-    monkeypatch.setattr(lr._ResidualSteps, "apply", fused)
-    by_transform = torch.func.grad(lambda W: functional_call(model, {"W": W}, (X,)).sum())(state["W"])
+    monkeypatch.setattr(kernel.ResidualSteps, "apply", fused)
+    by_transform = torch.func.grad(lambda W: call(model, {"W": W}, X).sum())(state["W"])
     torch.testing.assert_close(by_transform, expected, rtol=0, atol=1e-12)
     rho = model.rho.clone().requires_grad_()
-    (d_rho,) = torch.autograd.grad(functional_call(model, {"W": W}, (X,), {"rho": rho}).sum(), rho)
+    (d_rho,) = torch.autograd.grad(call(model, {"W": W, "rho": rho}, X).sum(), rho)
     assert d_rho.abs().max() > 0
     with torch.no_grad():
-        assert functional_call(model, {"W": W}, (X,)).grad_fn is None
+        assert call(model, {"W": W}, X).grad_fn is None

@@ -1,13 +1,29 @@
-"""The stacked MLP's one-node forward with its hand-written backward (`featurelab.models.mlp`) against plain
-autograd of a straightforward per-member reference: outputs and gradients with respect to every stacked
-weight and the input, float64, to 1e-12."""
+"""The stacked MLP's one-node forward with its hand-written backward (`featurelab.training._kernels.mlp`), as the
+training core calls it (`_kernels.forward`), against plain autograd of a straightforward per-member reference:
+outputs and gradients with respect to every stacked weight and the input, float64, to 1e-12."""
 
 import pytest
 import torch
 from torch.func import functional_call
 
 from featurelab.models import MLP
-from featurelab.training import data_cost
+from featurelab.training import _kernels, data_cost
+
+
+class _Core(torch.nn.Module):
+    """`model`'s forward as the training core takes it (`_kernels.forward`: the kernel where it applies)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return _kernels.forward(self.model, X)
+
+
+def through_kernels(model: MLP, weights: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+    """`_kernels.forward` of `model` holding `weights` (by parameter name, e.g. stacked ``M x ...``)."""
+    return functional_call(_Core(model), {f"model.{k}": v for k, v in weights.items()}, (X,))
 
 
 def reference(Ws: list[torch.Tensor], X: torch.Tensor, beta: float, slopes: list[float]) -> torch.Tensor:
@@ -62,8 +78,8 @@ def test_fused_forward_and_gradients_match_plain_autograd(objective, M, beta, le
 
     leaves = [W.clone().requires_grad_() for W in Ws]
     Xf = X.clone().requires_grad_()
-    out = functional_call(model, {f"weights.{l}": W for l, W in enumerate(leaves)}, (Xf,))
-    assert type(out.grad_fn).__name__ == "_StackedForwardBackward"  # the one-node path was taken
+    out = through_kernels(model, {f"weights.{l}": W for l, W in enumerate(leaves)}, Xf)
+    assert type(out.grad_fn).__name__ == "StackedForwardBackward"  # the one-node path was taken
     probe = torch.linspace(0.5, 1.5, M, dtype=torch.float64)  # members weighted apart
     (probe * data_cost(objective, out, Y)).sum().backward()
 
@@ -91,8 +107,8 @@ def test_shallow_stacks_match_plain_autograd(depth):
     X = torch.randn(8, 5, generator=gen, dtype=torch.float64)
     G = torch.randn(2, 8, 3, generator=gen, dtype=torch.float64)
     fused = [W.clone().requires_grad_() for W in Ws]
-    out = functional_call(model, {f"weights.{l}": W for l, W in enumerate(fused)}, (X,))
-    assert type(out.grad_fn).__name__ == "_StackedForwardBackward"
+    out = through_kernels(model, {f"weights.{l}": W for l, W in enumerate(fused)}, X)
+    assert type(out.grad_fn).__name__ == "StackedForwardBackward"
     (out * G).sum().backward()
     plain = [W.clone().requires_grad_() for W in Ws]
     ref = reference(plain, X, 1.0, [0.1] * (depth - 1))
@@ -106,8 +122,8 @@ def test_float32_matches_float64_to_float32_rounding():
     model = MLP(5, 3, [7, 4], 3, bias=1.0)
     Ws, X, Y = weights_and_data(3, 1.0, False, "cross_entropy", seed=0)
     fused = [W.float().requires_grad_() for W in Ws]
-    out = functional_call(model, {f"weights.{l}": W for l, W in enumerate(fused)}, (X.float(),))
-    assert out.dtype == torch.float32 and type(out.grad_fn).__name__ == "_StackedForwardBackward"
+    out = through_kernels(model, {f"weights.{l}": W for l, W in enumerate(fused)}, X.float())
+    assert out.dtype == torch.float32 and type(out.grad_fn).__name__ == "StackedForwardBackward"
     data_cost("cross_entropy", out, Y).sum().backward()
     plain = [W.clone().requires_grad_() for W in Ws]
     reference_cost("cross_entropy", reference(plain, X, 1.0, [0.0, 0.0]), Y).sum().backward()
@@ -117,26 +133,28 @@ def test_float32_matches_float64_to_float32_rounding():
 
 
 def test_unusual_calls_take_the_plain_path_and_a_double_backward_raises():
-    """No gradient, tanh, one member's own 2-d weights and torch.func transforms run the plain forward;
+    """No gradient, tanh, one member's own 2-d weights and torch.func transforms run the plain forward (the model
+    called itself always does);
     the one-node backward is first order only, so a second derivative raises instead of being wrong."""
     Ws, X, _ = weights_and_data(2, 1.0, False, "mse", seed=1)
     stacked = {f"weights.{l}": W.clone().requires_grad_() for l, W in enumerate(Ws)}
     model = MLP(5, 3, [7, 4], 3, bias=1.0, dtype=torch.float64)
     with torch.no_grad():
-        assert functional_call(model, stacked, (X,)).grad_fn is None
+        assert through_kernels(model, stacked, X).grad_fn is None
     tanh = MLP(5, 3, [7, 4], 3, bias=1.0, activation="tanh", dtype=torch.float64)
-    assert type(functional_call(tanh, stacked, (X,)).grad_fn).__name__ != "_StackedForwardBackward"
+    assert type(through_kernels(tanh, stacked, X).grad_fn).__name__ != "StackedForwardBackward"
+    assert type(functional_call(model, stacked, (X,)).grad_fn).__name__ != "StackedForwardBackward"  # the formula
     assert type(model(X).grad_fn).__name__ == "AddmmBackward0"
 
     def one(W0, W1, W2):
         return functional_call(model, {"weights.0": W0, "weights.1": W1, "weights.2": W2}, (X,)).sum()
 
     per_member = torch.func.vmap(torch.func.grad(one, argnums=(0, 1, 2)))(*[W[:, None] for W in Ws])  # 1 x ...
-    fused = torch.autograd.grad(functional_call(model, stacked, (X,)).sum(), list(stacked.values()))
+    fused = torch.autograd.grad(through_kernels(model, stacked, X).sum(), list(stacked.values()))
     for g_vmapped, g in zip(per_member, fused):
         torch.testing.assert_close(g_vmapped[:, 0], g, rtol=0, atol=1e-12)
 
-    out = functional_call(model, stacked, (X,))
+    out = through_kernels(model, stacked, X)
     (g,) = torch.autograd.grad(out.pow(2).sum(), stacked["weights.1"], create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         g.sum().backward()

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import featurelab as fl
-from featurelab.training import Phase, TrainConfig, data_cost, error_rate, evaluate, train_ensemble
+from featurelab.training import Phase, TrainConfig, _kernels, data_cost, error_rate, evaluate, train_ensemble
 from featurelab.training.objectives import cost_pullback, cross_entropy
 from featurelab.training.optim import ADAM_FULL_CORRECTION, adam_corrections
 from featurelab.training.stack import Losses, Stack
@@ -98,8 +98,9 @@ def holding(model: fl.MLP, Ws: list[torch.Tensor]) -> fl.MLP:
 
 @pytest.mark.parametrize("stacked", [False, True])
 def test_weight_decay_node_values_gradients_and_hvps(gen, stacked):
-    """``MLP.penalty`` as one node: λΣ‖W_l‖² with λ a float or per member, its gradient and its second
-    derivative (a Hessian-vector product through the gradient) as plain autograd of the sum of squares."""
+    """``MLP.penalty`` as the training core takes it (`_kernels.penalty`: one node): λΣ‖W_l‖² with λ a float or per
+    member, its gradient and its second derivative (a Hessian-vector product through the gradient) as plain
+    autograd of the sum of squares."""
     model = mlp()
     shape = (3,) if stacked else ()
     Ws = [torch.randn(*shape, *W.shape, generator=gen, dtype=torch.float64, requires_grad=True) for W in model.weights]
@@ -109,7 +110,8 @@ def test_weight_decay_node_values_gradients_and_hvps(gen, stacked):
     def reference():
         return lam * sum((W**2).sum((-2, -1)) for W in Ws)
 
-    got, want = model.penalty(lam), reference()
+    got, want = _kernels.penalty(model, lam), reference()
+    assert type(got.grad_fn).__name__ == "WeightDecayBackward"
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     g = torch.randn(got.shape, generator=gen, dtype=torch.float64)
     for a, b in zip(torch.autograd.grad(got, Ws, g), torch.autograd.grad(want, Ws, g)):
@@ -120,18 +122,19 @@ def test_weight_decay_node_values_gradients_and_hvps(gen, stacked):
         grads = torch.autograd.grad(penalty().sum(), Ws, create_graph=True)
         return torch.autograd.grad(sum((d * v).sum() for d, v in zip(grads, vs)), Ws)
 
-    for a, b in zip(hvp(lambda: model.penalty(lam)), hvp(reference)):
+    for a, b in zip(hvp(lambda: _kernels.penalty(model, lam)), hvp(reference)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("leak", [0.0, 0.3])
 def test_mlp_pullback_is_autograds_gradient(gen, leak):
-    """`MLP.stacked_pullback` called directly: the stacked output and ∂⟨G, output⟩/∂W_l of plain autograd."""
+    """The MLP's pullback (`_kernels.pullback`) called directly: the stacked output and ∂⟨G, output⟩/∂W_l of plain
+    autograd."""
     model = mlp(leak=leak)
     Ws = [torch.randn(4, *W.shape, generator=gen, dtype=torch.float64, requires_grad=True) for W in model.weights]
     X = torch.randn(10, 5, generator=gen, dtype=torch.float64)
     with torch.no_grad():
-        out, pullback = model.stacked_pullback(X, Ws)
+        out, pullback = _kernels.pullback(model, X, Ws)
     want = holding(model, Ws)(X, return_layers=True).output  # the plain path, layer by layer
     torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
     G = torch.randn(want.shape, generator=gen, dtype=torch.float64)
@@ -139,7 +142,7 @@ def test_mlp_pullback_is_autograds_gradient(gen, leak):
         grads = pullback(G)
     for a, b in zip(grads, torch.autograd.grad(want, Ws, G)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
-    assert model.stacked_pullback(X.float(), Ws) is None  # another dtype than the weights': the plain path
+    assert _kernels.pullback(model, X.float(), Ws) is None  # another dtype than the weights': the plain path
 
 
 def classification(n: int = 24, seed: int = 0) -> fl.Dataset:

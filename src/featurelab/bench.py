@@ -47,7 +47,7 @@ import torch
 from .errors import FeaturelabError
 from .io import write_json
 from .runs.reproduce import NEEDS_LOCAL_FILES
-from .runtime import resolve_device, versions
+from .runtime import resolve_device, tune_cpu, versions
 
 FIGURES = ("a", "a2", "b", "c", "d", "e", "g")
 TARGETS = {"a": 0.75, "a_cuda": 6.0, "a2": 0.40, "b": 5.0, "c": 10.0, "d": 20.0, "e": 300.0, "f": 600.0, "g": 120.0}
@@ -88,9 +88,9 @@ def timed(fn, device: torch.device, repeat: int = 5, warmup: int = 1) -> tuple[f
 
 def matmul_peak(device: torch.device, n: int | None = None) -> tuple[float, float]:
     """This machine's fp32 matmul rate in GFLOP/s, by wall and by CPU time: an n x n product (2n³ FLOPs;
-    n = 2048 on CPU, 8192 on CUDA) as featurelab takes it (`featurelab.models.gemm.product`: oneDNN where it
+    n = 2048 on CPU, 8192 on CUDA) as featurelab takes it (`featurelab.training._kernels.gemm.product`: oneDNN where it
     beats torch's BLAS on this CPU)."""
-    from .models.gemm import product
+    from .training._kernels.gemm import product
 
     n = n or (8192 if device.type == "cuda" else 2048)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -422,93 +422,95 @@ def bench_analyze(n: int = 1000) -> dict:
     return out
 
 
-def table_rows(results: dict) -> list[tuple[str, str, str, str, str]]:
-    rows = []
-    if "a" in results:
-        r = results["a"]
-        rows.append(
-            (
-                "(a) paper ResNet step",
-                f"{r['step_seconds'] * 1e3:.1f} ms = {r['speedup_over_eager']:.1f}x eager, "
-                f"{r['achieved_gflops']:.1f} GFLOP/s = {r['fraction_of_peak']:.0%} of peak "
-                f"(CPU time: {r['fraction_of_peak_by_cpu_time']:.0%})",
-                f"eager step {r['baseline_eager_step_seconds'] * 1e3:.1f} ms; "
-                f"matmul peak {r['baseline_peak_gflops']:.1f} GFLOP/s"
-                + (
-                    f"; JAX jit step {r['baseline_jax_step_seconds'] * 1e3:.1f} ms: {r['ratio_to_jax']:.2f}x JAX's time"
-                    if "baseline_jax_step_seconds" in r
-                    else ""
-                ),
-                r["target"],
-                str(r["reached"]),
-            )
-        )
-    if "a2" in results:
-        r = results["a2"]
-        rows.append(
-            (
-                f"(a2) {r['members']} paper ResNets, one ensemble",
-                f"{r['step_seconds']:.3f} s/step = {r['achieved_gflops']:.1f} GFLOP/s = "
-                f"{r['fraction_of_peak']:.0%} of peak (CPU time: {r['fraction_of_peak_by_cpu_time']:.0%})",
-                f"matmul peak {r['baseline_peak_gflops']:.1f} GFLOP/s",
-                r["target"],
-                str(r["reached"]),
-            )
-        )
-    if "b" in results:
-        r = results["b"]
-        jax = (
-            f"; JAX vmap+jit {r['baseline_jax_seconds']:.2f} s (CPU {r['baseline_jax_cpu_seconds']:.2f} s): "
-            f"{r['ratio_to_jax']:.2f}x JAX's time (CPU {r['cpu_ratio_to_jax']:.2f}x)"
-            if "baseline_jax_seconds" in r
-            else "; no JAX peer (it runs on the CPU only, when JAX is installed)"
-        )
-        rows.append(
-            (
-                f"(b) {r['members']} MLPs batched",
-                f"{r['speedup']:.1f}x ({r['batched_seconds']:.2f} s, CPU {r['batched_cpu_seconds']:.2f} s; "
-                f"CPU {r['cpu_speedup']:.1f}x)",
-                f"looped {r['baseline_looped_seconds']:.2f} s" + jax,
-                r["target"],
-                str(r["reached"]),
-            )
-        )
-    if "c" in results:
-        r = results["c"]
-        rows.append(
-            (
-                f"(c) {r['restarts']} escape restarts",
-                f"{r['speedup']:.1f}x ({r['batched_seconds']:.2f} s; CPU {r['cpu_speedup']:.1f}x)",
-                f"looped {r['baseline_looped_seconds']:.2f} s",
-                r["target"],
-                str(r["reached"]),
-            )
-        )
-    if "d" in results:
-        r = results["d"]
-        rows.append(
-            (
-                "(d) geodesic diagnostics",
-                f"{r['seconds']:.2f} s = {r['in_steps']:.1f} steps",
-                f"step {r['baseline_step_seconds']:.3f} s"
-                + (f"; CPU {r['baseline_cpu_seconds']:.2f} s" if "baseline_cpu_seconds" in r else ""),
-                r["target"],
-                str(r["reached"]),
-            )
-        )
-    if "g" in results:
-        r = results["g"]
-        ww = f"; WeightWatcher CPU {r['weightwatcher_cpu_seconds']:.2f} s" if "weightwatcher_cpu_seconds" in r else ""
-        rows.append(
-            (
-                f"(g) analyze: 12x192 ViT, N={r['n']}; ResNet-18 weights only",
-                f"ViT {r['seconds']:.1f} s (CPU {r['cpu_seconds']:.1f} s); ResNet-18 {r['weights_only_seconds']:.2f} s "
-                f"(CPU {r['weights_only_cpu_seconds']:.2f} s)",
-                f"{r['baseline']} CPU {r['baseline_cpu_seconds']:.2f} s{ww}",
-                r["target"],
-                str(r["reached"]),
-            )
-        )
+Row = tuple[str, str, str, str, str]  # figure, measured, baseline (same run), target, reached
+
+
+def _row_a(r: dict) -> Row:
+    jax = (
+        f"; JAX jit step {r['baseline_jax_step_seconds'] * 1e3:.1f} ms: {r['ratio_to_jax']:.2f}x JAX's time"
+        if "baseline_jax_step_seconds" in r
+        else ""
+    )
+    return (
+        "(a) paper ResNet step",
+        f"{r['step_seconds'] * 1e3:.1f} ms = {r['speedup_over_eager']:.1f}x eager, "
+        f"{r['achieved_gflops']:.1f} GFLOP/s = {r['fraction_of_peak']:.0%} of peak "
+        f"(CPU time: {r['fraction_of_peak_by_cpu_time']:.0%})",
+        f"eager step {r['baseline_eager_step_seconds'] * 1e3:.1f} ms; "
+        f"matmul peak {r['baseline_peak_gflops']:.1f} GFLOP/s" + jax,
+        r["target"],
+        str(r["reached"]),
+    )
+
+
+def _row_a2(r: dict) -> Row:
+    return (
+        f"(a2) {r['members']} paper ResNets, one ensemble",
+        f"{r['step_seconds']:.3f} s/step = {r['achieved_gflops']:.1f} GFLOP/s = "
+        f"{r['fraction_of_peak']:.0%} of peak (CPU time: {r['fraction_of_peak_by_cpu_time']:.0%})",
+        f"matmul peak {r['baseline_peak_gflops']:.1f} GFLOP/s",
+        r["target"],
+        str(r["reached"]),
+    )
+
+
+def _row_b(r: dict) -> Row:
+    jax = (
+        f"; JAX vmap+jit {r['baseline_jax_seconds']:.2f} s (CPU {r['baseline_jax_cpu_seconds']:.2f} s): "
+        f"{r['ratio_to_jax']:.2f}x JAX's time (CPU {r['cpu_ratio_to_jax']:.2f}x)"
+        if "baseline_jax_seconds" in r
+        else "; no JAX peer (it runs on the CPU only, when JAX is installed)"
+    )
+    return (
+        f"(b) {r['members']} MLPs batched",
+        f"{r['speedup']:.1f}x ({r['batched_seconds']:.2f} s, CPU {r['batched_cpu_seconds']:.2f} s; "
+        f"CPU {r['cpu_speedup']:.1f}x)",
+        f"looped {r['baseline_looped_seconds']:.2f} s" + jax,
+        r["target"],
+        str(r["reached"]),
+    )
+
+
+def _row_c(r: dict) -> Row:
+    return (
+        f"(c) {r['restarts']} escape restarts",
+        f"{r['speedup']:.1f}x ({r['batched_seconds']:.2f} s; CPU {r['cpu_speedup']:.1f}x)",
+        f"looped {r['baseline_looped_seconds']:.2f} s",
+        r["target"],
+        str(r["reached"]),
+    )
+
+
+def _row_d(r: dict) -> Row:
+    return (
+        "(d) geodesic diagnostics",
+        f"{r['seconds']:.2f} s = {r['in_steps']:.1f} steps",
+        f"step {r['baseline_step_seconds']:.3f} s"
+        + (f"; CPU {r['baseline_cpu_seconds']:.2f} s" if "baseline_cpu_seconds" in r else ""),
+        r["target"],
+        str(r["reached"]),
+    )
+
+
+def _row_g(r: dict) -> Row:
+    ww = f"; WeightWatcher CPU {r['weightwatcher_cpu_seconds']:.2f} s" if "weightwatcher_cpu_seconds" in r else ""
+    return (
+        f"(g) analyze: 12x192 ViT, N={r['n']}; ResNet-18 weights only",
+        f"ViT {r['seconds']:.1f} s (CPU {r['cpu_seconds']:.1f} s); ResNet-18 {r['weights_only_seconds']:.2f} s "
+        f"(CPU {r['weights_only_cpu_seconds']:.2f} s)",
+        f"{r['baseline']} CPU {r['baseline_cpu_seconds']:.2f} s{ww}",
+        r["target"],
+        str(r["reached"]),
+    )
+
+
+FIGURE_ROWS = {"a": _row_a, "a2": _row_a2, "b": _row_b, "c": _row_c, "d": _row_d, "g": _row_g}
+
+
+def table_rows(results: dict) -> list[Row]:
+    """The table's rows: one per measured figure (a, a2, b, c, d, g), failed figures, and one per experiment
+    timed in (e) and (f)."""
+    rows = [row(results[figure]) for figure, row in FIGURE_ROWS.items() if figure in results]
     for figure, error in results.get("errors", {}).items():
         rows.append((f"({figure})", f"failed: {error}", "", "", "False"))
     for figure, preset in (("e", results.get("e_preset", "quick")), ("f", "paper")):
@@ -571,8 +573,9 @@ def run_bench(
     dev = resolve_device(device)
     results: dict = {"device": str(dev), "threads": torch.get_num_threads(), "versions": versions()}
     if dev.type == "cpu":
-        from .models.gemm import onednn_products
+        from .training._kernels.gemm import onednn_products
 
+        tune_cpu(dev)  # as `featurelab run` tunes its processes (docs/scale.md, "CPU tuning")
         results["cpu_products"] = "oneDNN" if onednn_products() else "torch (MKL)"
     if e_preset != "quick":
         results["e_preset"] = e_preset

@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         command = args.command
         if command in ("run", "reproduce", "bench", "analyze"):  # the commands that compute: torch is loaded anyway
-            from .models.gemm import onednn_products
+            from .training._kernels.gemm import onednn_products
 
             onednn_products()  # a bad FEATURELAB_GEMM is one line before anything is written
         return args.func(args)

@@ -1,4 +1,5 @@
-"""Deep fully-connected networks with homogeneous activations (docs/theory (parts 2-5)).
+"""Deep fully-connected networks with homogeneous activations (Jacot, arXiv 2306.00394 §2; Jacot et al.,
+arXiv 2205.15809; docs/theory/bottleneck-rank.md §1, docs/theory/sparsity.md §1).
 
 Rows are samples: ``model(X)`` maps ``N x d_in`` to ``N x d_out``.
 
@@ -11,7 +12,9 @@ where ``W_l`` has shape ``n_l x (n_{l-1} + 1)`` when the bias amount β > 0 (its
 bias, penalized like any weight) and ``n_l x n_{l-1}`` when β = 0 (bias-free). With β = 1 this is the
 usual ``W α + b`` of Part 2 §1. The activation is the leaky-ReLU family σ_a(x) = x for x > 0 and a·x
 otherwise (a = 0: ReLU, a = 1: linear, a ∈ (-1, 1) in Part 2); σ'(0) = a, as torch's ReLU has
-σ'(0) = 0 (Part 4 §8.4). ``activation="tanh"`` exists for the checks that need a non-homogeneous net.
+σ'(0) = 0 (Part 4 §8.4). ``activation="tanh"`` exists for the checks that need a non-homogeneous net. The
+loss is C + λ‖θ‖² with λ‖θ‖² = λ Σ_l ‖W_l‖²_F (`MLP.penalty`). The training core runs stacked members through a
+fused CPU kernel of these formulas where it applies (`featurelab.training._kernels`).
 """
 
 from __future__ import annotations
@@ -20,12 +23,10 @@ import math
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from ..checks import int_at_least, non_negative, one_of
 from ..errors import FeaturelabError
 from .forward import Forward
-from .gemm import product
 
 ACTIVATIONS = ("leaky_relu", "tanh")
 INITS = ("he", "fan_in", "absolute")
@@ -37,7 +38,7 @@ def leaky_relu(x: torch.Tensor, leak: float) -> torch.Tensor:
         return torch.relu(x)
     if leak == 1.0:
         return x
-    return torch.where(x > 0, x, leak * x)
+    return torch.nn.functional.leaky_relu(x, leak)
 
 
 def affine(a: torch.Tensor, W: torch.Tensor, beta: float) -> torch.Tensor:
@@ -54,156 +55,6 @@ def affine(a: torch.Tensor, W: torch.Tensor, beta: float) -> torch.Tensor:
     if a.dim() == 2:
         return torch.addmm(bias, a, weight, beta=beta)
     return a @ weight + beta * bias
-
-
-def _activate_(z: torch.Tensor, slope: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(σ_slope(z), z or None)``: σ in place on the fresh pre-activation `z` where σ' can be read off
-    σ(z) (slope >= 0: σ(z) > 0 exactly where z > 0), else out of place, keeping `z` for the backward."""
-    if slope == 1.0:
-        return z, None
-    if slope == 0.0:
-        return z.clamp_min_(0), None  # torch.relu's kernel
-    if slope > 0:
-        return torch.nn.functional.leaky_relu_(z, slope), None
-    return torch.nn.functional.leaky_relu(z, slope), z
-
-
-def _watched() -> bool:
-    """Whether a torch.func transform or a torch function mode is active (the one-node path then steps
-    aside). These are torch's private hooks: where one is missing, assume watched and take the plain path."""
-    try:
-        return bool(torch._C._are_functorch_transforms_active()) or torch._C._len_torch_function_stack() > 0
-    except AttributeError:
-        return True
-
-
-class _DirectContext:
-    """A stand-in for the context an ``autograd.Function`` gets, to call its ``forward`` and ``backward``
-    directly, without an autograd graph (a training step that chains them itself). Its backward runs once
-    (`once`: it may reuse what the forward kept, in place)."""
-
-    once = True
-
-    def __init__(self, inputs: int):
-        self.needs_input_grad = (False,) * inputs
-
-    def save_for_backward(self, *tensors: torch.Tensor) -> None:
-        self.saved_tensors = tensors
-
-
-def _activate_backward(g: torch.Tensor, a: torch.Tensor, z: torch.Tensor | None, slope: float, out: torch.Tensor):
-    """``out = g ⊙ σ'_slope(Z)`` with σ' = 1 for Z > 0 and slope otherwise (σ'(0) = slope, as torch's ReLU
-    and leaky ReLU), read off ``a = σ(Z)`` or, for a negative slope, off ``z = Z``."""
-    if slope == 1.0:
-        out.copy_(g)
-    elif slope == 0.0:
-        torch.ops.aten.threshold_backward.grad_input(g, a, 0, grad_input=out)
-    elif z is None:
-        torch.ops.aten.leaky_relu_backward.grad_input(g, a, slope, True, grad_input=out)
-    else:
-        torch.ops.aten.leaky_relu_backward.grad_input(g, z, slope, False, grad_input=out)
-
-
-def _input_rows(X: torch.Tensor, beta: float) -> torch.Tensor:
-    """The shared input ``N x d`` with samples as columns and the bias row, ``[Xᵀ; β·1ᵀ]`` (``(d+1) x N``, a
-    transposed view); ``Xᵀ`` when β = 0."""
-    return (torch.cat([X, X.new_full((X.shape[0], 1), beta)], 1) if beta > 0 else X).mT
-
-
-def _affine_columns(aT: torch.Tensor, W: torch.Tensor, beta: float) -> torch.Tensor:
-    """``W[i] @ [aT[i]; β·1ᵀ]`` for every member i, samples as columns: W ``M x m x (n+1)`` (``n`` when
-    β = 0), aT ``M x n x N``, or the shared input with its bias row (`_input_rows`, ``(n+1) x N``: one
-    ``(M·m) x N`` product for all members, `gemm.product`); ``M x m x N``."""
-    M, m, n = W.shape[0], W.shape[1], aT.shape[-2]
-    if aT.dim() == 2:
-        return product(W.reshape(M * m, -1), aT).view(M, m, -1)
-    if beta > 0:
-        return torch.baddbmm(W[..., n:], W[..., :n], aT, beta=beta)
-    return torch.bmm(W, aT)
-
-
-def _with_bias_grad(dW: torch.Tensor, gT: torch.Tensor, beta: float) -> torch.Tensor:
-    """The gradient of a stored weight: ``[dW, β·Σ_samples G]`` (the bias column) when β > 0; `gT` holds
-    ``Gᵀ``, samples along its last dim."""
-    if beta == 0:
-        return dW
-    g_sum = gT.sum(-1, keepdim=True)
-    return torch.cat([dW, g_sum if beta == 1 else g_sum.mul_(beta)], -1)
-
-
-class _StackedForward(torch.autograd.Function):
-    """The stacked leaky-ReLU MLP (``Z_l = [Zσ_{l-1}, β·1] @ W_lᵀ`` for every member at once) as one autograd
-    node with the chain rule written out: for the incoming gradient ``G = ∂C/∂Z_l`` (``N x n_l`` per member),
-    ``∂C/∂W_l = [Gᵀ Zσ_{l-1}, β·Gᵀ1]`` and ``∂C/∂Zσ_{l-1} = G W_l[:, :n_{l-1}]``, then
-    ``∂C/∂Z_{l-1} = ∂C/∂Zσ_{l-1} ⊙ σ'(Z_{l-1})``. Inside, samples are columns (``M x n x N``): a CPU's
-    batched products and the cross-entropy over classes run faster on that layout.
-
-    X: ``N x d_in`` (shared: the first layer is one matrix product for all members, its bias column's
-    gradient included, and ∂C/∂X sums over them) or ``M x N x d_in``; Ws: ``M x n_l x (n_{l-1}+1)``
-    (``n_{l-1}`` when β = 0); slopes: the slope a of σ after each hidden layer (1 inside a linear tail).
-    Output ``M x N x d_out`` (a transposed view). First order only (`once_differentiable`: a double backward
-    raises instead of going wrong).
-    """
-
-    @staticmethod
-    def forward(ctx, X, beta: float, slopes: tuple[float, ...], *Ws):
-        acts, pre, aT = [], [], (X.mT if X.dim() == 3 else _input_rows(X, beta))
-        for l, W in enumerate(Ws):
-            acts.append(aT)
-            zT = _affine_columns(aT, W, beta)
-            if l == len(Ws) - 1:
-                break
-            aT, kept = _activate_(zT, slopes[l])
-            pre.append(kept)
-        ctx.save_for_backward(X, *Ws)
-        ctx.acts, ctx.pre, ctx.beta, ctx.slopes = acts, pre, beta, slopes
-        return zT.mT
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g):
-        X, *Ws = ctx.saved_tensors
-        M, N, beta = Ws[0].shape[0], X.shape[-2], ctx.beta
-        grads: list[torch.Tensor | None] = [None] * len(Ws)
-        gX, gT = None, g.mT
-        for l in reversed(range(len(Ws))):
-            W, aT = Ws[l], ctx.acts[l]
-            m, n = W.shape[1], aT.shape[-2]
-            if aT.dim() == 2:  # the shared input: one product for all members, the bias column's too
-                flat = gT.reshape(M * m, N)
-                grads[0] = product(flat, aT.mT).view(M, m, -1)
-                if ctx.needs_input_grad[0]:
-                    gX = flat.mT @ W.reshape(M * m, -1)[:, : X.shape[-1]]
-                break
-            grads[l] = _with_bias_grad(torch.bmm(gT, aT.mT), gT, beta)
-            if l == 0:
-                if ctx.needs_input_grad[0]:
-                    gX = torch.bmm(gT.mT, W[..., :n])
-                break
-            gaT = torch.bmm(W[..., :n].mT, gT)
-            _activate_backward(gaT, aT, ctx.pre[l - 1], ctx.slopes[l - 1], out=gaT)
-            gT = gaT
-        return (gX, None, None, *grads)
-
-
-class _WeightDecay(torch.autograd.Function):
-    """``λ Σ_l ‖W_l‖²_F`` (``(M,)`` for stacked ``M x ...`` weights with λ a float or ``(M,)``; 0-d for one net)
-    as one autograd node: one dot product per layer forward, ``∂/∂W_l = 2λ·g·W_l`` backward, written with
-    differentiable ops (a double backward, as Hessian-vector products take, differentiates them)."""
-
-    @staticmethod
-    def forward(ctx, lam, *Ws):
-        ctx.save_for_backward(*Ws)
-        ctx.lam = lam
-        total = torch.linalg.vecdot(Ws[0].flatten(-2), Ws[0].flatten(-2))
-        for W in Ws[1:]:
-            total = total + torch.linalg.vecdot(W.flatten(-2), W.flatten(-2))
-        return lam * total
-
-    @staticmethod
-    def backward(ctx, g):
-        scale = (2 * ctx.lam * g)[..., None, None]
-        return (None, *(W * scale for W in ctx.saved_tensors))
 
 
 class MLP(nn.Module):
@@ -305,20 +156,12 @@ class MLP(nn.Module):
         return torch.cat([a, torch.full_like(a[..., :1], self.bias)], dim=-1)
 
     def forward(self, X: torch.Tensor, return_layers: bool = False):
-        """X: ``N x d_in`` -> output ``N x d_out``; with ``return_layers=True`` a `Forward` with
-        ``output`` (= ``pre[-1]``), ``pre = [Z_1, ..., Z_L]`` (``pre[l-1]`` is ``N x n_l``) and
-        ``act = [Zσ_0 = X, Zσ_1, ..., Zσ_{L-1}]`` (activations without the bias column).
-
-        Stacked weights run as one node with a hand-written backward (`_StackedForward`) when σ is the
-        leaky-ReLU family in float32/float64 (its forward alone, with samples as columns, where there is no
-        gradient to take); anything else takes the plain path below."""
-        Ws = list(self.weights)
-        if not return_layers and self._one_node(X, Ws):
-            if torch.is_grad_enabled() and (X.requires_grad or any(W.requires_grad for W in Ws)):
-                return _StackedForward.apply(X, self.bias, self._slopes(), *Ws)
-            return _StackedForward.forward(_DirectContext(3 + len(Ws)), X, self.bias, self._slopes(), *Ws)
+        """X: ``N x d_in`` -> output ``N x d_out``: ``Z_l = [σ(Z_{l-1}), β·1] W_lᵀ`` for l = 1..L (module
+        docstring); with ``return_layers=True`` a `Forward` with ``output`` (= ``pre[-1]``),
+        ``pre = [Z_1, ..., Z_L]`` (``pre[l-1]`` is ``N x n_l``) and ``act = [Zσ_0 = X, Zσ_1, ..., Zσ_{L-1}]``
+        (activations without the bias column)."""
         a, pre, act = X, [], [X]
-        for l, W in enumerate(Ws, start=1):
+        for l, W in enumerate(self.weights, start=1):
             z = affine(a, W, self.bias)
             pre.append(z)
             if l < self.depth:
@@ -327,38 +170,6 @@ class MLP(nn.Module):
         if return_layers:
             return Forward(pre[-1], pre, act)
         return pre[-1]
-
-    def stacked_pullback(self, X: torch.Tensor, Ws: list[torch.Tensor]):
-        """The one-node forward pass (`_StackedForward`) with the stacked weights `Ws` (``M x ...``, in the
-        order of `weights`) and its pullback, called directly (no autograd graph; the training step chains
-        them itself): ``(output, pullback)``, the output ``M x N x d_out`` and ``pullback(G)`` the gradients
-        of ⟨G, output⟩ with respect to `Ws` (call it with gradients off). None where that path does not
-        apply (`_one_node`)."""
-        if not self._one_node(X, Ws):
-            return None
-        ctx = _DirectContext(3 + len(Ws))
-        out = _StackedForward.forward(ctx, X, self.bias, self._slopes(), *Ws)
-        return out, lambda g: list(_StackedForward.backward(ctx, g)[3:])
-
-    def _slopes(self) -> tuple[float, ...]:
-        """The slope a of σ after each hidden layer (1 inside the linear tail)."""
-        return tuple(1.0 if l > self.depth - self.linear_tail else self.leak for l in range(1, self.depth))
-
-    def _one_node(self, X: torch.Tensor, Ws: list[torch.Tensor]) -> bool:
-        """Stacked ``M x ...`` weights `Ws` on the CPU (the path has not run on a GPU yet: CUDA keeps the plain
-        path, which its checks cover), X ``N x d`` or ``M x N x d`` of their dtype (float32/64) and device, σ
-        leaky ReLU, and no torch.func transform or torch function mode watching."""
-        W0 = Ws[0]
-        return (
-            self.activation == "leaky_relu"
-            and W0.dim() == 3
-            and W0.device.type == "cpu"
-            and X.dim() in (2, 3)
-            and (X.dim() == 2 or X.shape[0] == W0.shape[0])
-            and X.dtype in (torch.float32, torch.float64)
-            and all(W.dim() == 3 and W.dtype == X.dtype and W.device == X.device for W in Ws)
-            and not _watched()
-        )
 
     # ------------------------------------------------------------------------------ parameters
     def weight_matrices(self) -> list[torch.Tensor]:
@@ -382,12 +193,10 @@ class MLP(nn.Module):
         return self.penalty(1.0)
 
     def penalty(self, lam) -> torch.Tensor:
-        """L2 penalty λ‖θ‖² of Parts 2-3 (the loss is C + λ‖θ‖²); λ a float, or ``(M,)`` for stacked weights.
-        One autograd node (`_WeightDecay`) unless a torch.func transform or torch function mode watches."""
-        Ws = list(self.weights)
-        if _watched():
-            return lam * torch.stack([(W**2).sum((-2, -1)) for W in Ws]).sum(0)
-        return _WeightDecay.apply(lam, *Ws)
+        """The weight decay λ‖θ‖² = λ Σ_l ‖W_l‖²_F of the regularized loss C + λ‖θ‖² (Jacot, arXiv 2306.00394 §2;
+        docs/theory/bottleneck-rank.md §1), bias columns included; λ a float, or ``(M,)`` for stacked weights
+        (result ``(M,)``)."""
+        return lam * torch.stack([(W**2).sum((-2, -1)) for W in self.weights]).sum(0)
 
     def extra_repr(self) -> str:
         return (

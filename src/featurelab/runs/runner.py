@@ -36,7 +36,7 @@ from ..experiments import get_experiment
 from ..experiments.base import AnalysisContext
 from ..figures import save_figure
 from ..io import read_json, read_yaml, write_json, write_text, write_yaml
-from ..runtime import check_memory, resolve_device, versions
+from ..runtime import check_memory, resolve_device, tune_cpu, versions
 from .lock import LOCK_NAME, RunLock
 from .report import check_claims, render_report
 from .sweep import check_backend, run_units
@@ -306,6 +306,7 @@ def run_experiment(
     run = _check_arguments(out, workers, threads, resume, batch, retries)
     exp, cfg = resolve_config(name, preset, overrides, seed)
     dev = str(resolve_device(device))
+    tune_cpu(dev)  # process-wide: denormals flushed, freed memory kept (docs/scale.md, "CPU tuning")
     check_backend(backend, retries)
     if backend == "ray":
         from .ray_backend import reachable

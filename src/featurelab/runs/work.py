@@ -18,7 +18,7 @@ from ..config import ExperimentConfig
 from ..errors import WriteError
 from ..experiments.base import Experiment, UnitContext
 from ..io import digest, make_folder, write_json, write_text
-from ..runtime import set_threads
+from ..runtime import set_threads, tune_cpu
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,8 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
 
 
 def execute(item: WorkItem, progress: bool = False) -> list[UnitOutcome]:
-    """Run one work item: a single unit, or a batched ensemble of several."""
+    """Run one work item: a single unit, or a batched ensemble of several (in a process tuned by `tune_cpu`)."""
+    tune_cpu(item.device)
     if len(item.units) == 1:
         return [execute_unit(item, item.units[0], item.folders[0], item.resume, progress)]
     return execute_ensemble(item, progress)

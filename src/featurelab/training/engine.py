@@ -18,8 +18,6 @@ docs/theory/conventions.md (training conventions); docs/scale.md.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 import sys
 import time
@@ -37,9 +35,9 @@ from tqdm.auto import tqdm
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
 from ..io import digest, write_text
-from ..models.gemm import onednn_products
 from ..runtime import resolve_device
-from . import capture, optim
+from . import _kernels, capture, optim
+from ._kernels.gemm import onednn_products
 from .checkpoint import load_checkpoint, save_checkpoint, save_model
 from .objectives import data_cost, error_rate
 from .optim import trust_region
@@ -74,22 +72,6 @@ class Deep(Protocol):
 
 
 # ------------------------------------------------------------------------------------ helpers
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-
-
-@lru_cache(maxsize=1)
-def keep_freed_memory() -> bool:
-    """Make glibc's malloc keep freed memory in the process (blocks up to 32 MB from the heap, no trimming);
-    True where it took effect (glibc only). By default glibc returns freed blocks over 128 kB to the OS, so
-    every step's activations fault their pages in again: 1400 page faults per step of 16 digits MLPs (bench
-    (b)), a third of its CPU time. Memory then stays at the process's peak until it exits."""
-    name = ctypes.util.find_library("c")
-    mallopt = getattr(ctypes.CDLL(name), "mallopt", None) if name else None
-    if mallopt is None:  # not glibc
-        return False
-    return bool(mallopt(M_TRIM_THRESHOLD, 1 << 30)) and bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))
-
-
 def param_norm(model: nn.Module) -> torch.Tensor:
     """‖θ‖ over trainable parameters."""
     return torch.sqrt(torch.stack([(p.detach() ** 2).sum() for p in model.parameters() if p.requires_grad]).sum())
@@ -117,9 +99,9 @@ def _batches(
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset, config: TrainConfig) -> dict[str, float]:
     """One history row's metrics: loss = cost + penalty, errors, ‖θ‖, top singular values per layer."""
-    out = model(data.X_train)
+    out = _kernels.forward(model, data.X_train)
     cost = data_cost(config.objective, out, data.Y_train)
-    pen = cast(Trainable, model).penalty(config.lam) if config.lam > 0 else torch.zeros((), dtype=cost.dtype)
+    pen = _kernels.penalty(model, config.lam) if config.lam > 0 else torch.zeros((), dtype=cost.dtype)
     row = {
         "loss": float(cost + pen),
         "cost": float(cost),
@@ -128,7 +110,7 @@ def evaluate(model: nn.Module, data: Dataset, config: TrainConfig) -> dict[str, 
         "param_norm": float(param_norm(model)),
     }
     if len(data.X_test):
-        out_t = model(data.X_test)
+        out_t = _kernels.forward(model, data.X_test)
         row["test_cost"] = float(data_cost(config.objective, out_t, data.Y_test))
         row["test_error"] = float(error_rate(config.objective, out_t, data.Y_test))
     k = config.top_singular_values
@@ -270,9 +252,9 @@ class _Run:
         model = stacked.model
         lams = torch.tensor([c.lam for c in self.cfgs], dtype=dtype, device=self.dev)
         with stacked.floats(self.losses.fl):
-            out = model(self.X)
+            out = _kernels.forward(model, self.X)
             cost = data_cost(objective, out, self.Y)
-            pen = torch.where(lams > 0, cast(Trainable, model).penalty(lams), 0.0)
+            pen = torch.where(lams > 0, _kernels.penalty(model, lams), 0.0)
             cols = {
                 "loss": cost + pen,
                 "cost": cost,
@@ -284,7 +266,7 @@ class _Run:
                 shared = self.losses.shared_data
                 Xt = self.ds[0].X_test if shared else torch.stack([d.X_test for d in self.ds])
                 Yt = self.ds[0].Y_test if shared else torch.stack([d.Y_test for d in self.ds])
-                out_t = model(Xt)
+                out_t = _kernels.forward(model, Xt)
                 cols.update(test_cost=data_cost(objective, out_t, Yt), test_error=error_rate(objective, out_t, Yt))
         rows = [dict(zip(cols, values)) for values in zip(*(c.tolist() for c in cols.values()))]
         k = self.cfg0.top_singular_values
@@ -509,15 +491,10 @@ def run(
     ensemble passes on at an L-BFGS phase (`_Run.hand_over`): the models hold the weights, and this run
     continues from the step, history, lr scale and trust-region count in it, as from a checkpoint.
 
-    On the CPU this switches on `torch.set_flush_denormal` for the process (torch has no way to read the
-    setting back): weight decay drives unused float32 weights and activations below 1.2e-38, where
-    denormal arithmetic is about 100x slower on x86; flushed, they become 0. A deep net trained to its
-    bottleneck ran 6.8x faster (docs/scale.md). It also makes malloc keep freed memory (`keep_freed_memory`).
+    It changes no process-wide setting: `featurelab.runtime.tune_cpu` is the CPU tuning the command line applies.
     """
     dev = resolve_device(device)
     if dev.type == "cpu":
-        torch.set_flush_denormal(True)
-        keep_freed_memory()
         onednn_products()  # a bad FEATURELAB_GEMM is one line here, before anything is trained or written
     r = _Run(models, datas, cfgs, dev, dirs, callbacks, lr_rule)
     ckpts = [load_checkpoint(d) if (resume and d is not None) else None for d in dirs]

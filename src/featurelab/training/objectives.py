@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import FeaturelabError
-from ..models.mlp import _DirectContext, _watched
+from ._kernels.context import DirectContext, watched
 
 OBJECTIVES = ("mse", "cross_entropy", "logistic")
 PULLBACKS = ("cross_entropy",)  # the objectives `cost_pullback` differentiates without autograd
@@ -101,7 +101,7 @@ def cross_entropy(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Each member's mean softmax cross-entropy, ``(M,)``, of logits `out` (``M x N x C``) against int64
     `labels` (``(N,)`` shared, or ``(M, N)``): one autograd node (`_CrossEntropy`), or torch's
     ``F.cross_entropy`` where a torch.func transform or a torch function mode watches."""
-    if _watched():
+    if watched():
         return F.cross_entropy(out.mT, labels.expand(out.shape[:-1]), reduction="none").mean(-1)
     return _CrossEntropy.apply(out, labels)
 
@@ -114,7 +114,7 @@ def cost_pullback(objective: str, out: torch.Tensor, Y: torch.Tensor, value: boo
     `_CrossEntropy`); None for the others."""
     if objective not in PULLBACKS:
         return None
-    ctx = _DirectContext(3)
+    ctx = DirectContext(3)
     cost = _CrossEntropy.forward(ctx, out, _class_labels(Y), value)
     return cost, lambda g: _CrossEntropy.backward(ctx, g)[0]
 

@@ -13,7 +13,7 @@ callbacks, ``adapt_steps`` and saving).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import ClassVar, Protocol, cast, runtime_checkable
 
@@ -23,6 +23,7 @@ from torch.func import functional_call, vmap
 
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
+from . import _kernels
 from .objectives import PULLBACKS, cost_pullback, data_cost
 from .phases import TrainConfig
 
@@ -46,18 +47,6 @@ class Stackable(Protocol):
     parameters may say so with ``penalty_is_squared_norm = True`` (`squared_norm_penalty`)."""
 
     member_floats: ClassVar[tuple[str, ...]]
-
-
-@runtime_checkable
-class StackedPullback(Protocol):
-    """Stackable models that give their stacked forward pass with its pullback, called directly (no autograd
-    graph): ``stacked_pullback(X, params)``, with `params` every parameter stacked (``M x ...``, in
-    ``named_parameters`` order), is ``(output, pullback)`` with ``pullback(G)`` the gradients of
-    ⟨G, output⟩ with respect to `params`, or None where the model takes autograd (`Losses.pullbacks`)."""
-
-    def stacked_pullback(
-        self, X: torch.Tensor, params: list[torch.Tensor]
-    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], list[torch.Tensor]]] | None: ...
 
 
 def squared_norm_penalty(model: nn.Module) -> bool:
@@ -134,14 +123,14 @@ class _Objective(nn.Module):
     def forward(self, X, Y, lam, floats):
         """``(cost, penalty)``; the penalty is zeros when `lam` is None."""
         with self.floats(floats):
-            cost = data_cost(self.objective, self.model(X), Y)
-            pen = cast(Trainable, self.model).penalty(lam) if lam is not None else torch.zeros_like(cost)
+            cost = data_cost(self.objective, _kernels.forward(self.model, X), Y)
+            pen = _kernels.penalty(self.model, lam) if lam is not None else torch.zeros_like(cost)
         return cost, pen
 
     def cost(self, X, Y, floats) -> torch.Tensor:
         """The cost alone."""
         with self.floats(floats):
-            return data_cost(self.objective, self.model(X), Y)
+            return data_cost(self.objective, _kernels.forward(self.model, X), Y)
 
 
 class Stack:
@@ -250,7 +239,7 @@ class Losses:
     Two shortcuts for stacked members: `decay_apart`, a penalty λ‖θ‖² (`squared_norm_penalty`) taken as
     λ‖`Stack.flat`‖² with its gradient 2λθ added directly (two ops on the flat parameters instead of a pass
     per layer and its backward); `pullbacks`, a model and objective that give their pullbacks
-    (`StackedPullback`, `objectives.cost_pullback`), chained by hand without an autograd graph."""
+    (`_kernels.pullback`, `objectives.cost_pullback`), chained by hand without an autograd graph."""
 
     def __init__(self, stack: Stack, datas: list[Dataset], cfgs: list[TrainConfig], device: torch.device):
         models, M = stack.models, len(stack.models)
@@ -271,7 +260,7 @@ class Losses:
         self.pullbacks = (
             M > 1
             and self.native
-            and isinstance(models[0], StackedPullback)
+            and _kernels.has_pullback(models[0])
             and all(p.requires_grad for p in models[0].parameters())
             and self.cfg0.objective in PULLBACKS
             and (self.decay_apart or not self.use_penalty)
@@ -321,8 +310,8 @@ class Losses:
         """``(cost, penalty)`` on the batch's rows; `apart`: the penalty of `decay_apart` outside autograd."""
         if self.M == 1:
             m = self.stack.models[0]
-            cost = data_cost(self.cfg0.objective, m(X), Y)
-            pen = cast(Trainable, m).penalty(self.cfg0.lam) if self.use_penalty else torch.zeros_like(cost)
+            cost = data_cost(self.cfg0.objective, _kernels.forward(m, X), Y)
+            pen = _kernels.penalty(m, self.cfg0.lam) if self.use_penalty else torch.zeros_like(cost)
             return cost[None], pen[None]
         stacked = self.stacked_objective()
         state, fl, lam = self.state, self.fl, self.lam
@@ -363,7 +352,7 @@ class Losses:
         autograd graph (the penalty's gradient not yet added); None where the model's does not apply."""
         stack, stacked = self.stack, self.stacked_objective()
         with torch.no_grad(), stacked.floats(self.fl):
-            forward = cast(StackedPullback, stacked.model).stacked_pullback(X, self.leaves)
+            forward = _kernels.pullback(stacked.model, X, self.leaves)
             if forward is None:
                 return None
             out, model_back = forward

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import torch
 
-from ..errors import FeaturelabError
+from ...errors import FeaturelabError
 
 ONEDNN_MIN_FLOPS = 4e6  # 2·m·k·n: from about 2 MFLOP on, oneDNN's product is faster than MKL's on a Zen 5 core
 GEMM_CHOICES = ("auto", "onednn", "mkl")
