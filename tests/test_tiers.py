@@ -6,10 +6,32 @@ identity claim judged twice, a claim about critical points left unmeasured on tr
 parameters that do not give the recorded loss, a report that shows one tier only.
 """
 
-import pytest
+import json
+from dataclasses import dataclass
 
-from featurelab.claims import certified_tier, claim, error_bar, has_tier, tally, threshold_claim, tier_verdict
-from featurelab.runs.runner import _claim_gate, not_certified, tier_results, two_tiers
+import pytest
+import torch
+
+from featurelab.claims import (
+    certified_tier,
+    claim,
+    error_bar,
+    fmt_margin,
+    has_tier,
+    tally,
+    threshold_claim,
+    tier_verdict,
+)
+from featurelab.config import ExperimentConfig
+from featurelab.data import bottleneck_teacher
+from featurelab.experiments import REGISTRY
+from featurelab.experiments.base import Analysis, Experiment, TrainingUnit, load_certified
+from featurelab.models import MLP
+from featurelab.runs.report import render_report
+from featurelab.runs.runner import _claim_gate, not_certified, run_experiment, tier_results, two_tiers
+from featurelab.training import Phase, TrainConfig
+from featurelab.training.checkpoint import load_tensors
+from featurelab.training.critical import polish, stationarity
 
 CERT_ON = {"certified": True, "clarke": 1e-10, "previous_clarke": 1e-6, "rule": "", "tolerance": 1e-8}
 CERT_OFF = {"certified": False, "clarke": 3e-4, "previous_clarke": 1e-3, "rule": "snap diverged", "tolerance": 1e-8}
@@ -113,3 +135,126 @@ def test_tier_results_take_the_certified_measurements_with_the_certificate():
     }
     assert tier_results(res, "certified") == {"a": {"rank": 2, "certificate": CERT_ON}, "b": {"rank": 5}}
     assert tier_results(res, "previous")["a"]["rank"] == 4
+
+
+# ------------------------------------------------------------------------------------ run folders
+class TierConfig(ExperimentConfig):
+    steps: int = 300
+
+
+def tier_build(cfg, unit):
+    data = bottleneck_teacher((4, 2, 4), "fcnn", 8, 24, 8, teacher_seed=cfg.seed, data_seed=cfg.seed + 1)
+    model = MLP(4, 4, 6, 3, activation="tanh", seed=cfg.seed + (unit["id"] == "b"), dtype=torch.float64)
+    tc = TrainConfig(lam=1e-2, phases=[Phase(steps=cfg.steps, lr=1e-2)], log_every=100, checkpoint_every=0)
+    return TrainingUnit(model, data, tc, certify=1e-8)
+
+
+def tier_finish(cfg, unit, model, result, ctx):
+    job = tier_build(cfg, unit)
+    return {"loss": stationarity(model, job.data, "mse", job.config.lam).loss_after}
+
+
+def tier_analyze(cfg, results, ctx):
+    worst = max(r["loss"] for r in results.values())
+    return Analysis(
+        [
+            threshold_claim("the loss is below 10", "test", worst, 10.0, "<=", id="loss", premise="critical"),
+            claim("two units", "test", 2, len(results), len(results) == 2, id="count", kind="identity"),
+        ]
+    )
+
+
+TIERED = Experiment(
+    name="test-tiers",
+    summary="test-only two-unit regression, certified",
+    reference="tests",
+    config=TierConfig,
+    presets={"quick": {}},
+    units=lambda cfg: [{"id": "a"}, {"id": "b"}],
+    analyze=tier_analyze,
+    build=tier_build,
+    finish=tier_finish,
+)
+REGISTRY[TIERED.name] = TIERED
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """What `certify` returns, from the second-order polish of a smooth (tanh) net, which reaches 1e-8: the run
+    folder's plumbing checked apart from the method at kinks."""
+
+    certificate: object
+    slopes: torch.Tensor
+    kink_masks: list
+    previous: dict
+
+
+@dataclass(frozen=True)
+class StandInCertificate:
+    polished: object
+    previous_clarke: float
+
+    def to_dict(self) -> dict:
+        d = self.polished.to_dict()
+        return {**d, "clarke": d["stationarity"], "previous_clarke": self.previous_clarke, "rule": ""}
+
+
+def stand_in_certify(model, data, objective, lam, *, tolerance=1e-8, max_seconds=None):
+    previous = {k: v.clone() for k, v in model.state_dict().items()}
+    before = stationarity(model, data, objective, lam).stationarity
+    polished = polish(model, data, objective, lam, tolerance=tolerance, max_iterations=400)
+    mask = torch.zeros(len(data.X_train), 6, dtype=torch.bool)
+    mask[0, 0] = True
+    return StandIn(StandInCertificate(polished, before), torch.tensor([0.25]), [mask], previous)
+
+
+@pytest.fixture(scope="module")
+def tiered_run(tmp_path_factory):
+    from featurelab.training import critical
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(critical, "certify", stand_in_certify, raising=False)
+    run = tmp_path_factory.mktemp("tiers") / "run"
+    try:
+        run_experiment(TIERED.name, out=run, workers=1, progress=False)
+    finally:
+        patch.undo()
+    return run
+
+
+def test_the_folder_stores_the_certified_parameters_and_they_give_the_recorded_loss_bit_for_bit(tiered_run):
+    for uid in ("a", "b"):
+        folder = tiered_run / "units" / uid
+        state, slopes, masks, meta = load_certified(folder)
+        cert = json.loads((folder / "certificate.json").read_text())
+        job = tier_build(TierConfig(), {"id": uid})
+        job.model.load_state_dict(state)
+        assert stationarity(job.model, job.data, "mse", job.config.lam).loss_after == cert["loss_after"]
+        assert meta["loss"] == cert["loss_after"] and meta["lam"] == job.config.lam
+        assert slopes.tolist() == [0.25] and masks[0].dtype == torch.bool and int(masks[0].sum()) == 1
+        trained = load_tensors(folder / "model.safetensors")  # the trained net stays beside it, unpolished
+        assert any(not torch.equal(trained[k], state[k]) for k in state)
+        result = json.loads((folder / "result.json").read_text())["result"]
+        assert result["certified"]["loss"] == cert["loss_after"] and result["loss"] == cert["loss_before"]
+        assert result["previous"]["loss"] == cert["loss_before"]  # the earlier point of this path: the trained net
+
+
+def test_claims_json_and_the_report_carry_both_tiers(tiered_run):
+    claims = {c["id"]: c for c in json.loads((tiered_run / "claims.json").read_text())}
+    loss, count = claims["loss"], claims["count"]
+    assert loss["passed"] is True and loss["stationarity"] > loss["clarke"]
+    assert loss["certified_passed"] is True and loss["certified_margin"] > loss["margin"]  # the polish lowers it
+    # the error bar: |Δmargin| · δ/(δ_prev − δ) of the unit with the largest ratio
+    certs = [json.loads((tiered_run / "units" / u / "certificate.json").read_text()) for u in ("a", "b")]
+    ratio = max(c["clarke"] / (c["previous_clarke"] - c["clarke"]) for c in certs)
+    assert loss["error_bar"] == pytest.approx(abs(loss["certified_margin"] - loss["margin"]) * ratio, rel=1e-12)
+    assert not has_tier(count)
+    results = json.loads((tiered_run / "results.json").read_text())
+    assert results["certified_claims_passed"] == 1 and set(results["certify_seconds"]) == {"a", "b"}
+    (tiered_run / "report.html").unlink()
+    render_report(tiered_run)  # `featurelab report` rebuilds it from the folder
+    html = (tiered_run / "report.html").read_text()
+    assert "Certified: 1 of 1 pass." in html and "<th>as the paper did</th>" in html
+    head, checks = html.split("<h2>Checks of the code</h2>")
+    assert "<th>certified</th>" in head and "<th>certified</th>" not in checks  # identity claims: one tier
+    assert f"<td>{fmt_margin(loss['error_bar'])}</td>" in html

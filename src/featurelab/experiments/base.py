@@ -27,6 +27,7 @@ import torch
 from ..claims import Claim
 from ..config import ExperimentConfig
 from ..data.dataset import Dataset
+from ..errors import WriteError
 from ..io import write_json
 from ..training.trainer import TrainConfig, train
 
@@ -123,13 +124,21 @@ class Experiment(Generic[C]):
 
     def finish_trained(self, cfg: C, unit: dict, job: TrainingUnit, result, ctx: UnitContext) -> dict:
         """``finish`` on the trained `job.model` (moved to the CPU, where `finish` measures next to the unit's
-        data) with its health; where `job.certify` is set, also the certified tier (`certified_results`)."""
+        data) with its health; where `job.certify` is set and the trained net is healthy, also the certified
+        tier (`certified_results`). A certification that raises leaves the trained tier standing: its
+        certificate then reads ``certified: false`` with the error as its rule."""
         assert self.finish is not None  # __post_init__ checked it
         job.model.cpu()
-        trained = self.finish(cfg, unit, job.model, result, ctx)
-        if job.certify is not None:
-            trained = {**trained, **certified_results(self.finish, cfg, unit, job, result, ctx)}
-        return with_health(trained, job, result.history)
+        trained = with_health(self.finish(cfg, unit, job.model, result, ctx), job, result.history)
+        if job.certify is None or trained.get("unhealthy"):
+            return trained
+        try:
+            return {**trained, **certified_results(self.finish, cfg, unit, job, result, ctx)}
+        except WriteError:
+            raise
+        except Exception as exc:  # the paper tier stands; the certified tier says why it is missing
+            first = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
+            return {**trained, "certificate": {"certified": False, "rule": f"certification failed: {first}"}}
 
 
 def certified_results(finish: Callable[..., dict], cfg, unit: dict, job: TrainingUnit, result, ctx: UnitContext):
