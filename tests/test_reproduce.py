@@ -17,7 +17,17 @@ from featurelab.config import ExperimentConfig
 from featurelab.experiments import REGISTRY
 from featurelab.experiments.base import Analysis, Experiment
 from featurelab.io import read_json, write_json
-from featurelab.runs.reproduce import BEGIN, END, reproduce, run_robustness, update_markdown
+from featurelab.runs.reproduce import (
+    BEGIN,
+    END,
+    markdown_tables,
+    reproduce,
+    robustness_html,
+    robustness_table,
+    run_robustness,
+    tier_text,
+    update_markdown,
+)
 from featurelab.runs.runner import resolve_config
 from featurelab.runs.sweep import finished
 
@@ -154,3 +164,30 @@ def test_a_result_without_its_checksum_is_refused(tmp_path):
     write_json(tmp_path / "plain.json", {"a": 1})
     with pytest.raises(FeaturelabError, match="fails its sha256 checksum"):
         read_json(tmp_path / "plain.json", checksum=True)
+
+
+def test_robustness_tables_show_both_tiers_and_reproduce_each_apart():
+    """A claim that passes as the paper did under every seed but not when certified is reproduced in the first
+    tier only; the Markdown cell carries both verdicts, the certified one with its error bar."""
+    base = {"statement": "s", "reference": "r", "expected": "<= 2", "measured": "1", "kind": "empirical"}
+    tiers = {"certified_measured": "1.5", "certified_margin": 0.25, "error_bar": 0.01, "stationarity": 0.1}
+
+    def run(label, certified_passed):
+        c = base | {"id": "rank", "passed": True, "margin": 0.5} | tiers | {"certified_passed": certified_passed}
+        ident = base | {"id": "sum", "passed": True, "margin": 0.0, "kind": "identity"}
+        return {"label": label, "seed": 0, "dir": label, "claims": [c, ident], "problems": "", "error": ""}
+
+    counts = ("reproduced", "empirical", "certified_reproduced", "certified")
+
+    table = robustness_table("x", "quick", [run("seed-0", True), run("seed-1", False)])
+    rank = next(c for c in table["claims"] if c["id"] == "rank")
+    assert rank["reproduced"] is True and rank["certified_reproduced"] is False
+    assert (table["reproduced"], table["certified_reproduced"], table["certified"]) == (1, 0, 1)
+    assert tier_text(rank, "seed-0") == "cert PASS +25% ±1%" and tier_text(rank, "seed-1") == "cert FAIL +25% ±1%"
+    index = {"preset": "quick", "seeds": [0, 1], "tables": [table], **{k: table[k] for k in counts}, "identity": 1}
+    text = markdown_tables(index)
+    assert (
+        "| `rank` | PASS +50% · cert PASS +25% ±1% | PASS +50% · cert FAIL +25% ±1% | yes (certified: **no**) |" in text
+    )
+    assert "| `sum` | PASS +0% | PASS +0% | identity |" in text and "Certified tier: **0 of 1 reproduced**" in text
+    assert "certified reproduced" in robustness_html(table)
