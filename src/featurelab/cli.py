@@ -59,12 +59,17 @@ def _cmd_run(args) -> int:
         margin = f", margin {fmt_margin(c.get('margin'))}" if c.get("margin") is not None else ""
         print(
             f"  [{verdict(c['passed'])}] {c['statement']}{kind}  "
-            f"(measured {c['measured']}, expected {c['expected']}{margin}){why}"
+            f"(measured {c['measured']}, expected {c['expected']}{margin}){why}{_certified_text(c)}"
         )
     n = tally(record.claims)
     none = f", {n['claims_not_measured']} not measured" if n["claims_not_measured"] else ""
     checks = f"; checks of the code: {n['identity_passed']}/{n['identity_total']} pass" if n["identity_total"] else ""
-    print(f"claims: {n['claims_passed']}/{n['claims_total']} pass{none}{checks}")
+    tier = (
+        f"; certified: {n['certified_claims_passed']}/{n['certified_claims_total']} pass"
+        if n["certified_claims_total"]
+        else ""
+    )
+    print(f"claims: {n['claims_passed']}/{n['claims_total']} pass{none}{tier}{checks}")
     print(f"report: {record.report.resolve()}")
     if record.problems:
         print(f"featurelab: {record.problems}")
@@ -73,6 +78,17 @@ def _cmd_run(args) -> int:
         print("featurelab: not every claim passed (exit status 1)")
         return 1
     return 0
+
+
+def _certified_text(c: dict) -> str:
+    """ " | certified: PASS +12% ±0.1%" for a claim dict with tier "certified" (its reason if not measured)."""
+    from .claims import fmt_margin, has_tier, verdict
+
+    if not has_tier(c):
+        return ""
+    bar = f" ±{fmt_margin(c['error_bar']).lstrip('+')}" if c.get("error_bar") is not None else ""
+    why = f" [{c['certified_reason']}]" if c.get("certified_reason") else ""
+    return f" | certified: {verdict(c.get('certified_passed'))} {fmt_margin(c.get('certified_margin'))}{bar}{why}"
 
 
 def _seed_list(text: str) -> list[int]:
@@ -91,7 +107,7 @@ def _run_kwargs(args) -> dict:
 def _run_seeds(args, overrides: dict) -> int:
     """``run EXP --seeds 0,1,2``: the preset under each seed and in float64, and the robustness table."""
     from .claims import fmt_margin
-    from .runs.reproduce import run_robustness
+    from .runs.reproduce import run_robustness, tier_text
 
     if args.seed is not None:
         raise FeaturelabError("--seed and --seeds exclude each other: give the seeds in --seeds")
@@ -101,9 +117,12 @@ def _run_seeds(args, overrides: dict) -> int:
     for c in table["claims"]:
         tag = "reproduced" if c["reproduced"] else "NOT reproduced"
         tag = "check of the code" if c["kind"] == "identity" else tag
-        runs = [f"{k} {v} {fmt_margin(c['margins'].get(k))}".rstrip() for k, v in c["verdicts"].items()]
+        runs = [
+            f"{k} {v} {fmt_margin(c['margins'].get(k))} {tier_text(c, k)}".rstrip() for k, v in c["verdicts"].items()
+        ]
         print(f"  [{tag}] {c['id']}: " + ", ".join(runs))
-    print(f"claims reproduced (pass under every variant): {table['reproduced']}/{table['empirical']}")
+    tier = f"; certified: {table['certified_reproduced']}/{table['certified']}" if table.get("certified") else ""
+    print(f"claims reproduced (pass under every variant): {table['reproduced']}/{table['empirical']}{tier}")
     return 0 if table["reproduced"] == table["empirical"] else 1
 
 
@@ -117,7 +136,8 @@ def _cmd_reproduce(args) -> int:
         return 0
     only = args.only.split(",") if args.only else None
     index = reproduce(args.preset, _seed_list(args.seeds), out, only=only, collect=args.collect, **_run_kwargs(args))
-    print(f"empirical claims reproduced: {index['reproduced']}/{index['empirical']}")
+    tier = f"; certified: {index['certified_reproduced']}/{index['certified']}" if index.get("certified") else ""
+    print(f"empirical claims reproduced: {index['reproduced']}/{index['empirical']}{tier}")
     print(f"index: {(out / 'index.html').resolve()}")
     return 0 if index["reproduced"] == index["empirical"] else 1
 
