@@ -535,3 +535,16 @@ def test_an_ensemble_killed_mid_phase_resumes_bit_identically(tmp_path):
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (i, name)
         cols = lambda h: h.drop(columns="seconds")
         pd.testing.assert_frame_equal(cols(pd.read_csv(whole / "history.csv")), cols(pd.read_csv(cut / "history.csv")))
+
+
+def test_only_declared_floats_may_differ_between_members():
+    """`member_floats` declares the floats that may differ (L̃ of a Leaky ResNet is passed as an ``(M,)`` tensor);
+    an undeclared one (the MLP's slope a) that differs is an error naming it, and it splits the ensemble key."""
+    cfg = TrainConfig(phases=[Phase(optimizer="adam", steps=1, lr=1e-3)])
+    a, b = (MLP(5, 5, 10, 3, leak=leak, dtype=torch.float64) for leak in (0.1, 0.2))
+    assert ensemble_key(a, DATA, cfg) != ensemble_key(b, DATA, cfg)
+    with pytest.raises(FeaturelabError, match=r"models\[1\]\.leak = 0\.2 differs from models\[0\]\.leak = 0\.1"):
+        train_ensemble([a, b], DATA, cfg)
+    nets = [LeakyResNet(5, 5, 8, 6, Lt, dtype=torch.float64) for Lt in (2.0, 3.0)]
+    assert ensemble_key(nets[0], DATA, cfg) == ensemble_key(nets[1], DATA, cfg)
+    assert stack.member_floats(nets) == {"effective_depth": [2.0, 3.0]}

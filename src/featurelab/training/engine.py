@@ -42,9 +42,9 @@ from .checkpoint import load_checkpoint, save_checkpoint, save_model
 from .objectives import data_cost, error_rate
 from .optim import trust_region
 from .phases import Phase, TrainConfig, TrainResult
-from .stack import Losses, Stack, Stackable, Trainable, float_attrs, member_norm
+from .stack import Losses, Stack, Stackable, Trainable, member_norm
 
-__all__ = ["Stackable", "Trainable", "evaluate", "float_attrs", "param_norm", "run", "trust_region"]
+__all__ = ["Stackable", "Trainable", "evaluate", "param_norm", "run", "trust_region"]
 
 
 # ----------------------------------------------------------------------- what a model offers

@@ -1,17 +1,16 @@
 """Batched ensembles: train M same-shape runs as one computation, each with `train`'s semantics.
 
-Members may differ in anything that is a tensor (initial weights, so seed and init scale; buffers such
-as the Leaky-ResNet steps ρ; the data, if same-shaped) and in λ, learning rates, ``lr_min``, the
-mini-batch seed, and float attributes of the model that enter the forward pass arithmetically (the
-Leaky-ResNet effective depth L̃). Everything else (shapes, the phase list, optimizers, schedules,
-logging) must be equal; `ensemble_key` says when two runs can share an ensemble. The loop is the
+Members may differ in anything that is a tensor (initial weights, so seed and init scale; buffers such as the
+Leaky-ResNet steps ρ; the data, if same-shaped) and in λ, learning rates, ``lr_min``, the mini-batch seed, and
+the float attributes the model class declares in ``member_floats`` (the Leaky-ResNet effective depth L̃; an
+undeclared float that differs is an error naming it). Everything else (shapes, the phase list, optimizers,
+schedules, logging) must be equal; `ensemble_key` says when two runs can share an ensemble. The loop is the
 training engine's (`featurelab.training.engine`), the same one `train` runs: `MLP`, `LeakyResNet` and
 `HomogeneousNet` members train with batched matmuls (grouped convolutions) on stacked ``M x out x in`` weights,
-other models are vmapped. In
-float64 a member agrees with its one-by-one run to rounding (the batched matmuls sum in another
-order), see docs/scale.md. L-BFGS (a line search per member) is not batched: at an L-BFGS phase each
-member goes on alone, in memory, through the remaining phases (a float64 polish after batched Adam
-phases, say); `ensemble_key` returns None for runs that start with one, since nothing could be batched.
+other models are vmapped. In float64 a member agrees with its one-by-one run to rounding (the batched matmuls
+sum in another order), see docs/scale.md. L-BFGS (a line search per member) is not batched: at an L-BFGS phase
+each member goes on alone, in memory, through the remaining phases (a float64 polish after batched Adam phases,
+say); `ensemble_key` returns None for runs that start with one, since nothing could be batched.
 
 Every member gets `train`'s run record in its own folder (``history.csv``, ``model.safetensors``
 and a ``checkpoint.safetensors`` in `train`'s format, optimizer state included), so a member can be
@@ -30,19 +29,24 @@ from torch import nn
 
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
-from .engine import float_attrs, run
+from .engine import run
 from .phases import TrainConfig, TrainResult
+from .stack import member_floats
 from .trainer import check_training_inputs
 
 PER_MEMBER_PHASE_FIELDS = ("lr", "lr_min")
 
 
 def _static_attrs(model: nn.Module) -> tuple:
-    """The non-float, non-tensor plain attributes of `model` (they must be equal across an ensemble)."""
+    """The plain attributes of `model` and its submodules that must be equal across an ensemble: all but tensors,
+    modules and the floats its class declares in ``member_floats``."""
+    declared = set(getattr(type(model), "member_floats", ()))
     items = []
     for prefix, mod in model.named_modules():
         for k, v in sorted(vars(mod).items()):
-            if k.startswith("_") or k == "training" or isinstance(v, (float, torch.Tensor, nn.Module)):
+            if k.startswith("_") or k == "training" or isinstance(v, (torch.Tensor, nn.Module)):
+                continue
+            if not prefix and k in declared:
                 continue
             items.append((prefix, k, repr(v)))
     return tuple(items)
@@ -54,8 +58,8 @@ def _shapes(tensors) -> tuple:
 
 def ensemble_key(model: nn.Module, data: Dataset, config: TrainConfig) -> tuple | None:
     """A hashable key; runs with equal keys can be trained as one ensemble. None: nothing to batch (the
-    first phase is L-BFGS). Differences allowed inside a key: tensor values, float model attributes,
-    ``lam``, ``seed`` and each phase's ``lr``/``lr_min``."""
+    first phase is L-BFGS). Differences allowed inside a key: tensor values, the float attributes the model
+    class declares in ``member_floats``, ``lam``, ``seed`` and each phase's ``lr``/``lr_min``."""
     config = TrainConfig.model_validate(config)
     if config.phases and config.phases[0].optimizer == "lbfgs":
         return None
@@ -78,7 +82,6 @@ def ensemble_key(model: nn.Module, data: Dataset, config: TrainConfig) -> tuple 
         _shapes(model.named_parameters()),
         _shapes(model.named_buffers()),
         _static_attrs(model),
-        tuple(sorted(float_attrs(model))),
         data_shapes,
         data.n_classes,
         cfg,
@@ -138,6 +141,7 @@ def train_ensemble(
         raise FeaturelabError(f"callbacks has {len(cbs)} entries; give one sequence per model ({M})")
     if any(hasattr(cb, "on_step") for c in cbs for cb in c):
         raise FeaturelabError("callbacks with on_step cannot run in an ensemble; use train() per model")
+    member_floats(models)  # an undeclared float that differs is an error naming it
     keys = [ensemble_key(m, d, c) for m, d, c in zip(models, datas, cfgs)]
     if keys[0] is None:
         raise FeaturelabError("configs start with an lbfgs phase, which cannot be batched; use train() per model")

@@ -56,7 +56,7 @@ def squared_norm_penalty(model: nn.Module) -> bool:
     return getattr(type(model), "penalty_is_squared_norm", False) and all(p.requires_grad for p in model.parameters())
 
 
-def float_attrs(model: nn.Module) -> dict[str, float]:
+def plain_floats(model: nn.Module) -> dict[str, float]:
     """Every plain float attribute of `model` and its submodules, by dotted name."""
     out = {}
     for prefix, mod in model.named_modules():
@@ -64,6 +64,24 @@ def float_attrs(model: nn.Module) -> dict[str, float]:
             if isinstance(v, float) and not k.startswith("_"):
                 out[f"{prefix}.{k}" if prefix else k] = v
     return out
+
+
+def member_floats(models: Sequence[nn.Module]) -> dict[str, list[float]]:
+    """The float attributes that differ between the members, with their values per member, by name. Only those
+    the model class declares in ``member_floats`` may differ (the Leaky-ResNet effective depth L̃, say): any
+    other plain float attribute of the model or a submodule that differs is a one-line error naming it."""
+    cls = type(models[0])
+    declared = tuple(getattr(cls, "member_floats", ()))
+    first = plain_floats(models[0])
+    for i, m in enumerate(models[1:], start=1):
+        for k, v in plain_floats(m).items():
+            if k not in declared and first.get(k) != v:
+                raise FeaturelabError(
+                    f"models[{i}].{k} = {v!r} differs from models[0].{k} = {first.get(k)!r}: only the floats "
+                    f"{cls.__name__}.member_floats declares ({', '.join(declared) or 'none'}) may differ in an ensemble"
+                )
+    values = {k: [float(getattr(m, k)) for m in models] for k in declared}
+    return {k: v for k, v in values.items() if any(x != v[0] for x in v[1:])}
 
 
 def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -244,12 +262,10 @@ class Losses:
     def __init__(self, stack: Stack, datas: list[Dataset], cfgs: list[TrainConfig], device: torch.device):
         models, M = stack.models, len(stack.models)
         self.stack, self.datas, self.cfg0, self.dev, self.M = stack, datas, cfgs[0], device, M
-        attrs = [float_attrs(m) for m in models]
-        float_names = [k for k, v in attrs[0].items() if any(a[k] != v for a in attrs[1:])]  # e.g. L̃
-        self.float_values = [
-            torch.tensor([a[k] for a in attrs], dtype=torch.float64, device=device) for k in float_names
-        ]
-        self.native = isinstance(models[0], Stackable) and all(k in type(models[0]).member_floats for k in float_names)
+        floats = member_floats(models)  # e.g. L̃
+        float_names = list(floats)
+        self.float_values = [torch.tensor(v, dtype=torch.float64, device=device) for v in floats.values()]
+        self.native = isinstance(models[0], Stackable)
         self.float_names = float_names
         self.objective = _Objective(models[0], self.cfg0.objective, float_names)
         self.lams = torch.tensor([c.lam for c in cfgs], dtype=torch.float64, device=device)
