@@ -25,11 +25,18 @@ from featurelab.claims import (
 from featurelab.config import ExperimentConfig
 from featurelab.data import bottleneck_teacher
 from featurelab.experiments import REGISTRY
-from featurelab.experiments.base import Analysis, Experiment, TrainingUnit, load_certified
+from featurelab.experiments.base import (
+    Analysis,
+    Experiment,
+    TrainingUnit,
+    UnitContext,
+    certified_results,
+    load_certified,
+)
 from featurelab.models import MLP
 from featurelab.runs.report import render_report
 from featurelab.runs.runner import _claim_gate, not_certified, run_experiment, tier_results, two_tiers
-from featurelab.training import Phase, TrainConfig
+from featurelab.training import Phase, TrainConfig, train
 from featurelab.training.checkpoint import load_tensors
 from featurelab.training.critical import polish, stationarity
 
@@ -258,3 +265,23 @@ def test_claims_json_and_the_report_carry_both_tiers(tiered_run):
     head, checks = html.split("<h2>Checks of the code</h2>")
     assert "<th>certified</th>" in head and "<th>certified</th>" not in checks  # identity claims: one tier
     assert f"<td>{fmt_margin(loss['error_bar'])}</td>" in html
+
+
+def test_certify_on_a_relu_net_stores_what_gives_its_recorded_loss_bit_for_bit(tmp_path):
+    """The method itself (`featurelab.training.critical.certify`) on a ReLU net with kinks: the folder's
+    parameters give the certificate's loss to the last bit, and its slopes lie in [0, 1], one per kink entry."""
+    from featurelab.training import critical
+
+    if not hasattr(critical, "certify"):
+        pytest.skip("featurelab.training.critical has no certify in this build")
+    job = tier_build(TierConfig(steps=200), {"id": "a"})
+    job = TrainingUnit(MLP(4, 4, 6, 3, seed=0, dtype=torch.float64), job.data, job.config, certify=1e-8)
+    result = train(job.model, job.data, job.config, run_dir=tmp_path, progress=False)
+    ctx = UnitContext(tmp_path)
+    out = certified_results(lambda cfg, unit, model, res, ctx: {}, TierConfig(), {"id": "a"}, job, result, ctx)
+    state, slopes, masks, meta = load_certified(tmp_path)
+    model = MLP(4, 4, 6, 3, seed=0, dtype=torch.float64)
+    model.load_state_dict(state)
+    assert stationarity(model, job.data, "mse", job.config.lam).loss_after == out["certificate"]["loss_after"]
+    assert meta["loss"] == out["certificate"]["loss_after"]
+    assert slopes.numel() == sum(int(m.sum()) for m in masks) and bool(((slopes >= 0) & (slopes <= 1)).all())
