@@ -1,6 +1,6 @@
 """`alignment`: the linear tail of a ReLU net trained with the logistic loss on separable data tends to
-rank one and its adjacent layers align, above the derived bound of Theorem 2 (docs/theory/invariances.md §4, §6b;
-Le & Jegelka, ICLR 2022, Theorem 2 and Corollary 1).
+rank one and its adjacent layers align, above the derived bound of Theorem 2 (Le & Jegelka 2022,
+arXiv 2201.11968, Theorem 2 and Corollary 1; docs/theory/invariances.md §4, §6b).
 
 Net 10→32→32 (ReLU) then linear 32→16→16→1 (`MLP(..., linear_tail=3)`, bias-free), init N(0, s²/fan_in)
 with s = 0.2, float64 full-batch GD η = 0.2 for 5000 steps, seeds 0-2, logged every 50 steps. Tracked:

@@ -143,10 +143,11 @@ class Experiment(Generic[C]):
 
 def certified_results(finish: Callable[..., dict], cfg, unit: dict, job: TrainingUnit, result, ctx: UnitContext):
     """What certification adds to a unit's result: ``"trained_stationarity"`` (``‖∇(C+R)‖/‖∇R‖`` of the trained
-    net, float64), ``"certificate"`` (`Certificate.to_dict`), ``"certified"`` and ``"previous"`` (``finish`` on
-    the certified net and on the earlier point of its path) and ``"certify_seconds"``. The trained `job.model`
-    is left as it is: `certify` runs on a float64 copy, and the unit folder ``ctx.dir`` gains
-    ``certified.safetensors`` and ``certificate.json`` (`save_certified`)."""
+    net, float64), ``"certificate"`` (`Certificate.to_dict`), ``"certify_seconds"`` and, where it is certified,
+    ``"certified"`` and ``"previous"`` (``finish`` on the certified net and on the earlier point of its path;
+    an uncertified unit's claims read "not measured" in tier "certified" whatever they would measure). The
+    trained `job.model` is left as it is: `certify` runs on a float64 copy, and the unit folder ``ctx.dir`` gains
+    ``certified.safetensors`` and ``certificate.json`` (`save_certified`) either way."""
     from ..training.critical import certify, stationarity
 
     objective, lam = job.config.objective, job.config.lam
@@ -157,14 +158,15 @@ def certified_results(finish: Callable[..., dict], cfg, unit: dict, job: Trainin
     found = certify(model, job.data, objective, lam, tolerance=job.certify)
     seconds = time.perf_counter() - t0
     save_certified(ctx.dir, model, found, {"objective": objective, "lam": lam, "seconds": seconds})
+    out = {"trained_stationarity": trained, "certificate": found.certificate.to_dict(), "certify_seconds": seconds}
+    if not out["certificate"].get("certified"):
+        return out
     earlier = copy.deepcopy(model)
     earlier.load_state_dict(found.previous)
     return {
-        "trained_stationarity": trained,
-        "certificate": found.certificate.to_dict(),
+        **out,
         "certified": finish(cfg, unit, model, result, ctx),
         "previous": finish(cfg, unit, earlier, result, ctx),
-        "certify_seconds": seconds,
     }
 
 

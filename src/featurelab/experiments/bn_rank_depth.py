@@ -1,5 +1,5 @@
-"""`bn-rank-depth`: L2-regularized MLPs of several depths on a BN-rank-2 task (docs/theory/bottleneck-rank.md §4a;
-Jacot, NeurIPS 2023, Fig. 1).
+"""`bn-rank-depth`: L2-regularized MLPs of several depths on a BN-rank-2 task (Jacot 2023,
+arXiv 2305.19008, Fig. 1; docs/theory/bottleneck-rank.md §4a).
 
 Every trained minimum is classified by its bottleneck rank k_mid (median over the middle layers of
 #{s_i(W_ℓ) > 0.1}) against the task's rank 2: underestimating (fitting or not), recovering or
@@ -171,8 +171,9 @@ def mlp_unit(
     cfg: MLPRun, data, depth: int, init_seed: int, lam: float, top_singular_values: int, certify: float | None = None
 ) -> TrainingUnit:
     """A ReLU `MLP` d -> d of the given depth (width cfg.width, biases, He init, seed 1000·cfg.seed + init_seed)
-    trained on `data` with C + λ‖θ‖², full-batch Adam cosine-decayed from cfg.lr to cfg.lr_min (Part 2 §4a);
-    `certify`: the stationarity tolerance of its critical-point certificate (None: not certified)."""
+    trained on `data` with C + λ‖θ‖², full-batch Adam cosine-decayed from cfg.lr to cfg.lr_min
+    (docs/theory/bottleneck-rank.md §4a); `certify`: the stationarity tolerance of its critical-point certificate
+    (None: not certified)."""
     model = MLP(
         cfg.d,
         cfg.d,
@@ -250,7 +251,8 @@ def finish(cfg: Config, unit: dict, model: MLP, result, ctx) -> dict:
 
 
 def _fits(rows: pd.DataFrame) -> list[dict]:
-    """Per (λ, class) of fitting minima with >= 2 distinct depths: the depth fit of Part 2 §3.5."""
+    """Per (λ, class) of fitting minima with >= 2 distinct depths: the depth fit of docs/theory/bottleneck-rank.md
+    §3.5."""
     out = []
     checked = rows.fits & (rows.k_mid >= 1) & ("max_two_log_pdet" in rows and rows["max_two_log_pdet"].notna())
     for (lam, k), grp in rows[checked].groupby(["lam", "k_mid"]):
@@ -483,9 +485,9 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     notes = [
         f"Classification: k_mid = median over layers ℓ in [L/4, 3L/4] of #{{s_i(W_ℓ) > {cfg.sv_threshold:g}}}; "
         f"fits ⇔ relative train MSE < {cfg.fit_threshold:g}; cross-check k_rep from the centred middle "
-        f"representations (s_i/s_1 > {cfg.rep_rel:g}). Not the Jacobian rank (Part 2 §4a).",
+        f"representations (s_i/s_1 > {cfg.rep_rel:g}). Not the Jacobian rank (docs/theory/bottleneck-rank.md §4a).",
         "Trained nets at finite λ only approximate minimal-norm interpolants: λ, fit error and balancedness "
-        "are in the units table next to every estimate (Part 2 §6).",
+        "are in the units table next to every estimate (docs/theory/bottleneck-rank.md §6).",
     ]
     tables = {"units": rows, **({"fits": pd.DataFrame(fits)} if fits else {})}
     return Analysis(claims, figures, tables, summary, notes)
@@ -497,7 +499,7 @@ EXPERIMENT = Experiment(
     name="bn-rank-depth",
     summary="L2-regularized MLPs of several depths on a BN-rank-2 task: minima classified by bottleneck rank, "
     "‖θ‖² slopes equal to ranks, depth favouring recovery of the true rank.",
-    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2305.19008), Fig. 1; "
+    reference="Jacot 2023, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2305.19008), Fig. 1; "
     "docs/theory/bottleneck-rank.md §4a",
     config=Config,
     presets=PRESETS,

@@ -1,4 +1,5 @@
-"""`cp-rank`: the bipartite dataset needs N²/4 neurons (docs/theory/sparsity.md §4, Prop. 13-14).
+"""`cp-rank`: the bipartite dataset needs N²/4 neurons (Jacot, Golikov, Hongler, Gabriel 2022, arXiv
+2205.15809, Props. 13-14; docs/theory/sparsity.md §4).
 
 With X = I_N and Y = Q = Deg + Adj of K_{N/2,N/2}, the representation cost is minimized by one ReLU
 neuron per edge (W_1 = Bᵀ, W_2 = B, ‖θ‖² = N² = 2 Tr Q), and since the graph is triangle-free no net
@@ -343,8 +344,8 @@ EXPERIMENT = Experiment(
     name="cp-rank",
     summary="The bipartite dataset's optimal ReLU nets need N²/4 neurons (cp-rank of Deg + Adj), and the "
     "constructions are exact and balanced.",
-    reference="Jacot, Golikov, Hongler, Gabriel, Feature Learning in L2-regularized DNNs (NeurIPS 2022), "
-    "Prop. 13-14; docs/theory/sparsity.md §4",
+    reference="Jacot, Golikov, Hongler, Gabriel 2022, Feature Learning in L2-regularized DNNs (NeurIPS 2022, "
+    "arXiv 2205.15809), Props. 13-14; docs/theory/sparsity.md §4",
     config=Config,
     presets=PRESETS,
     units=units,

@@ -1,9 +1,10 @@
 """`escape-circle`: optimal escape directions of Example 1 (unit circle, alternating gradients) and the
-width sweep of Figure 2 (docs/theory/saddle-to-saddle.md §5; Bantzis, Simon, Jacot, Example 1 and Fig. 2).
+width sweep of Figure 2 (Bantzis, Simon, Jacot 2025, arXiv 2505.21722, Example 1 and Fig. 2;
+docs/theory/saddle-to-saddle.md §5).
 
 Units: one batched projected-GD search (A1) per hidden width, and one batched rank-one search (A2)
 per rank-one width. The rank-one speed curve S(φ) is computed in the analysis (closed form).
-quick: widths 2..64, R = 20 restarts, K = 4000 steps (Part 4 §5's quick preset).
+quick: widths 2..64, R = 20 restarts, K = 4000 steps (docs/theory/saddle-to-saddle.md §5's quick preset).
 paper: widths 2..128, R = 50 (the reference fractions of §5 are from seed 1 at R = 50).
 Claims: max S(φ) = √2-1 at φ = kπ/4 (a closed form: kind "identity"); best rank-one search speed √2-1;
 projected GD's best speed is the rank-two 1/2 (the paper "doubts" a faster direction exists: that no run
@@ -45,7 +46,7 @@ from .base import Analysis, Experiment
 
 RANK_ONE_SPEED = math.sqrt(2) - 1
 DEAD_SPEED = 1e-9  # a best escape speed at or below this: every searched network is dead (no escape measured)
-REFERENCE_FRACTIONS = {2: 0.00, 4: 0.02, 8: 0.30, 16: 0.78, 32: 0.92, 64: 0.98, 128: 1.00}  # Part 4 §5, seed 1
+REFERENCE_FRACTIONS = {2: 0.00, 4: 0.02, 8: 0.30, 16: 0.78, 32: 0.92, 64: 0.98, 128: 1.00}  # §5, seed 1
 REF = "Bantzis, Simon, Jacot 2025 (arXiv 2505.21722) Example 1, Fig. 2; docs/theory/saddle-to-saddle.md §5"
 CURVE_EXACT = Threshold(1e-9, "<", source="ours: Eq. (6)'s closed form read to rounding (a check of the code)")
 RANK_ONE_TOP = Threshold(
@@ -451,7 +452,8 @@ EXPERIMENT = Experiment(
     summary="Example 1: on 8 points of the unit circle with alternating gradients, rank-one escape directions "
     "reach speed √2-1 but the optimal escape direction (speed 1/2) has a rank-two first layer; "
     "projected GD finds it more often as the width grows.",
-    reference="Bantzis, Simon, Jacot, Saddle-to-Saddle Dynamics in Deep ReLU Networks, Example 1 and Fig. 2; "
+    reference="Bantzis, Simon, Jacot 2025, Saddle-to-Saddle Dynamics in Deep ReLU Networks (arXiv 2505.21722), "
+    "Example 1 and Fig. 2; "
     "docs/theory/saddle-to-saddle.md §5",
     config=Config,
     presets=PRESETS,

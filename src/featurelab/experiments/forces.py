@@ -1,5 +1,6 @@
 """`forces`: attraction and repulsion on the hidden representations of a trained L2-regularized ReLU
-net (docs/theory/sparsity.md §2 "Forces" and "Visualization"; Jacot et al. 2022, Fig. 1).
+net (Jacot, Golikov, Hongler, Gabriel 2022, arXiv 2205.15809, Fig. 1; docs/theory/sparsity.md §2 "Forces" and
+"Visualization").
 
 A depth-3 ReLU MLP (β = 1) is trained on digits with mean cross-entropy + λ‖θ‖² (Adam, then full-batch
 GD); the forces F^att = -λ∇a_l and F^rep = -λ∇r_l are computed in float64 on both hidden layers and drawn
@@ -212,7 +213,8 @@ EXPERIMENT = Experiment(
     name="forces",
     summary="Attraction and repulsion between layers of an L2-regularized ReLU net: classes separate and "
     "neurons settle on rays.",
-    reference="Jacot, Golikov, Hongler, Gabriel, Feature Learning in L2-regularized DNNs (NeurIPS 2022), Fig. 1; "
+    reference="Jacot, Golikov, Hongler, Gabriel 2022, Feature Learning in L2-regularized DNNs (NeurIPS 2022, "
+    "arXiv 2205.15809), Fig. 1; "
     "docs/theory/sparsity.md §2",
     config=Config,
     presets=PRESETS,

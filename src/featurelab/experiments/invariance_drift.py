@@ -1,12 +1,12 @@
-"""`invariances`: the conserved quantities of Part 5 §3 drift only by the exact O(η²)-per-step GD term,
-so at a fixed horizon τ = ηT their drift is O(η); a non-invariant across a ResNetIdentity block is not
-conserved (docs/theory/invariances.md §6a; Le & Jegelka, ICLR 2022, Lemmas 2-3, Theorem 1).
+"""`invariances`: the conserved quantities of docs/theory/invariances.md §3 drift only by the exact O(η²)-per-step GD
+term, so at a fixed horizon τ = ηT their drift is O(η); a non-invariant across a ResNetIdentity block is not
+conserved (Le & Jegelka 2022, arXiv 2201.11968, Lemmas 2-3, Theorem 1; docs/theory/invariances.md §6a).
 
 Separable data (n = 200, d = 10, margin 0.1), logistic loss, float64 full-batch GD at
 η ∈ {0.08, 0.04, 0.02, 0.01}, T = τ/η steps with τ = 50, init N(0, s²/fan_in), s = 1, seed 0, on
 FC 10-32-32-1 ReLU; a conv stack on 2x8x8 inputs (d = 128); FC 10→16 ReLU + two ResNet blocks
 (a = c = 16, b = 24, σ_in = ReLU then id, σ_out = id) + FC→1 for each block kind; FC with the squared
-loss ½(y - f)² of Part 5 §1 (trained as the trainer's (y - f)² with step η/2, which is the same GD).
+loss ½(y - f)² of docs/theory/invariances.md §1 (trained as the trainer's (y - f)² with step η/2, which is the same GD).
 quick = docs/theory/invariances.md §6a; paper adds η = 0.005 and seeds 0-2 [ours].
 """
 
@@ -124,8 +124,8 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
     tracker = InvariantTracker(model, data.X_train, extra=identity_block_controls(model))
     early = EarlyLoss()
     steps = int(round(cfg.tau / eta))
-    # Part 5 §1's squared loss is ½(y - f)²; the trainer's "mse" is (y - f)², so GD with step η on the
-    # former is GD with step η/2 on the latter (the tracker's η²q(G) term is unchanged).
+    # the squared loss of docs/theory/invariances.md §1 is ½(y - f)²; the trainer's "mse" is (y - f)², so GD with step
+    # η on the former is GD with step η/2 on the latter (the tracker's η²q(G) term is unchanged).
     squared = arch == "fc-squared"
     objective = "mse" if squared else "logistic"
     tc = TrainConfig(

@@ -1,20 +1,21 @@
 """`leaky-bottleneck`: a Leaky ResNet trained on a bottleneck teacher learns a k*-dimensional
-bottleneck in its middle layers (docs/theory/leaky-resnets.md §5; Jacot & Kaiser Fig. 1 at one L̃).
+bottleneck in its middle layers (Jacot & Kaiser 2024, arXiv 2405.17573, Fig. 1 at one L̃; docs/theory/leaky-resnets.md
+§5).
 
-quick: Part 1 §5.4 at L̃ = 8 (teacher 10→3→10, N = 256, w = 40, L = 16, λ = 0.02 **[ours]**), Adam 20k cosine
-from lr 6e-3 (the defaults, 15k from 3e-3, stop before the bottleneck's edge layers separate: docs/leaky-resnets.md),
-then 3000 float64 L-BFGS steps towards the critical point that F4 describes **[ours]** (the min F4 gap rises from
-about 10 after Adam to above 20).
-paper: Part 1 §5.2 (teacher 20→5→20, N = 1000, w = 200, L = 50, adaptive ρ, L̃ = 5), two units: λ = 0.04, our
-calibration (App. B's "Mean Squared Error" read as a mean over the N·d_out entries: 0.002·d_out), and the paper's
-literal λ = 0.002 (its loss (1/N)‖f(X) − Y‖²_F + (λ/2L̃)Σρ_l‖W_l‖²_F is ours, Part 1 §2); Adam 20k at lr 1e-3
-cosine-decayed to 1e-5 **[ours]**, then 10k steps of guarded GD at the smaller lr 1e-4, as App. B: "briefly SGD
-with a smaller learning rate".
-Claim `f4-bottleneck-gap` (Jacot & Kaiser Fig. 1, App. B "a clear separation between k* large values"; Part 1
-§5.3 F4): in every bottleneck layer (W_l placed at p_{l-1} in [1/4, 3/4)) W_l has k* dominant singular values,
-s_{k*} >= 10 s_{k*+1}; or k*+1 of them, s_{k*+1} >= 10 s_{k*+2}, where the extra one is the bias direction:
-with the layer's mean input direction m = mean_i σ(A_{l-1})_i (the constant input, bias entry included) removed,
-W_l(I - m̂m̂ᵀ) has k* dominant values, s_{k*} >= 10 s_{k*+1} (`mean_free_weights`; docs/leaky-resnets.md).
+quick: docs/theory/leaky-resnets.md §5.4 at L̃ = 8 (teacher 10→3→10, N = 256, w = 40, L = 16, λ = 0.02 **[ours]**),
+Adam 20k cosine from lr 6e-3 (the defaults, 15k from 3e-3, stop before the bottleneck's edge layers separate:
+docs/leaky-resnets.md), then 3000 float64 L-BFGS steps towards the critical point that F4 describes **[ours]** (the min
+F4 gap rises from about 10 after Adam to above 20).
+paper: docs/theory/leaky-resnets.md §5.2 (teacher 20→5→20, N = 1000, w = 200, L = 50, adaptive ρ, L̃ = 5), two units: λ
+= 0.04, our calibration (App. B's "Mean Squared Error" read as a mean over the N·d_out entries: 0.002·d_out), and the
+paper's literal λ = 0.002 (its loss (1/N)‖f(X) − Y‖²_F + (λ/2L̃)Σρ_l‖W_l‖²_F is ours, docs/theory/leaky-resnets.md §2);
+Adam 20k at lr 1e-3 cosine-decayed to 1e-5 **[ours]**, then 10k steps of guarded GD at the smaller lr 1e-4, as App. B:
+"briefly SGD with a smaller learning rate".
+Claim `f4-bottleneck-gap` (Jacot & Kaiser 2024 Fig. 1, App. B "a clear separation between k* large values";
+docs/theory/leaky-resnets.md §5.3 F4): in every bottleneck layer (W_l placed at p_{l-1} in [1/4, 3/4)) W_l has k*
+dominant singular values, s_{k*} >= 10 s_{k*+1}; or k*+1 of them, s_{k*+1} >= 10 s_{k*+2}, where the extra one is the
+bias direction: with the layer's mean input direction m = mean_i σ(A_{l-1})_i (the constant input, bias entry included)
+removed, W_l(I - m̂m̂ᵀ) has k* dominant values, s_{k*} >= 10 s_{k*+1} (`mean_free_weights`; docs/leaky-resnets.md).
 F4 is the paper's observation on trained nets (Fig. 1, App. B), not a statement at critical points: no premise;
 the units are certified all the same, so that the report gives how far from a critical point the F4 net is.
 """
@@ -73,23 +74,24 @@ class Config(ExperimentConfig):
 
     @model_validator(mode="after")
     def _valid_steps(self):
-        """ρ_l·L̃ < 1 for the chosen scheme (Part 1 §2): checked here, before any training."""
+        """ρ_l·L̃ < 1 for the chosen scheme (docs/theory/leaky-resnets.md §2): checked here, before any training."""
         check_depth(self.depth, self.effective_depth, self.steps)
         return self
 
 
 def check_depth(depth: int, Lt: float, steps: str) -> None:
-    """Raise ValueError unless `steps` with `depth` steps keeps ρ_l·L̃ < 1 at effective depth Lt (Part 1 §2)."""
+    """Raise ValueError unless `steps` with `depth` steps keeps ρ_l·L̃ < 1 at effective depth Lt
+    (docs/theory/leaky-resnets.md §2)."""
     ok = {"equidistant": depth > Lt, "irregular": depth > (1 + 0.5 / 4) * Lt, "adaptive": depth >= Lt / 0.9}[steps]
     if not ok:
         raise ValueError(
             f"depth={depth} is too small for effective_depth={Lt:g} with {steps} steps "
-            "(Part 1 §2 needs rho_l·effective_depth < 1): raise depth or lower effective_depth"
+            "(Jacot & Kaiser 2024 §2 needs rho_l·effective_depth < 1): raise depth or lower effective_depth"
         )
 
 
 REFERENCE = "Jacot & Kaiser 2024 (arXiv 2405.17573) Fig. 1 and App. B; docs/theory/leaky-resnets.md §5.3 F4"
-PAPER_LAM = 0.002  # App. B's λ; Part 1's loss (1/N)‖f(X) − Y‖²_F + (λ/2L̃)Σρ_l‖W_l‖²_F is featurelab's
+PAPER_LAM = 0.002  # Jacot & Kaiser 2024 App. B's λ; the loss it multiplies is ours (docs/theory/leaky-resnets.md §2)
 
 PRESETS = {
     "quick": {"adam_steps": 20000, "adam_lr": 6e-3, "lbfgs_steps": 3000},
@@ -114,7 +116,8 @@ PRESETS = {
         "effective_depth": 5.0,
         "steps": "adaptive",
         "lam": 0.04,  # [ours] calibration: App. B's "MSE" read as a per-entry mean, 0.002·d_out (docs/leaky-resnets.md)
-        "lams": [PAPER_LAM],  # the paper's literal λ: its loss is ours (Part 1 §2), run and reported next to it
+        # the paper's literal λ: its loss is ours (docs/theory/leaky-resnets.md §2), run and reported next to it
+        "lams": [PAPER_LAM],
         "adam_steps": 20000,  # App. B: "20000 epochs" (full batch: one step each)
         "adam_lr": 1e-3,
         "adam_schedule": "cosine",  # [ours] at a constant lr the penalty was still falling after 20k steps
@@ -135,7 +138,8 @@ GAP = F4_GAP.bound  # F4's "clear separation": s_{k*} >= 10 s_{k*+1}
 
 
 def lambda_note(cfg: Config) -> str:
-    """The report's note on λ: which of the run's λ is the paper's and which our calibration (Part 1 App. B)."""
+    """The report's note on λ: which of the run's λ is the paper's and which our calibration (Jacot & Kaiser 2024 App.
+    B)."""
     lams = [cfg.lam, *cfg.lams]
     ours = [f"{x:g}" for x in lams if x != PAPER_LAM]
     return (
@@ -155,12 +159,13 @@ def bottleneck_rank(cfg: Config) -> int:
 
 
 def middle_half(L: int) -> list[int]:
-    """1-based layers l with L/4 < l <= 3L/4 (the "mid-half" of Part 1 §5.4)."""
+    """1-based layers l with L/4 < l <= 3L/4 (the "mid-half" of docs/theory/leaky-resnets.md §5.4)."""
     return [l for l in range(1, L + 1) if L / 4 < l <= 3 * L / 4]
 
 
 def mid_half_share(ranks: list[int], k: int) -> float:
-    """Share of the middle-half layers whose effective rank is k* or k*+1 (Part 1 §5.4 Q4); ranks[l-1] is W_l's."""
+    """Share of the middle-half layers whose effective rank is k* or k*+1 (docs/theory/leaky-resnets.md §5.4 Q4);
+    ranks[l-1] is W_l's."""
     return float(np.mean([ranks[l - 1] in (k, k + 1) for l in middle_half(len(ranks))]))
 
 
@@ -198,10 +203,10 @@ def mean_free_weights(W: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
 
 
 def bottleneck_kind(s, s_mean_free, k: int) -> str:
-    """F4 for one W_l (Part 1 §5.3): "k*" when s_{k*} >= GAP·s_{k*+1}; "k*+1 (bias)" when s_{k*+1} >= GAP·s_{k*+2}
-    and `mean_free_weights` (singular values `s_mean_free`) has the k* gap, so that the extra direction is the
-    constant input's (the bias and the mean of the non-negative representation); "k*+1 (not bias)" when it does
-    not; "none" otherwise. s, s_mean_free: decreasing, at least k+2 values."""
+    """F4 for one W_l (docs/theory/leaky-resnets.md §5.3): "k*" when s_{k*} >= GAP·s_{k*+1}; "k*+1 (bias)" when
+    s_{k*+1} >= GAP·s_{k*+2} and `mean_free_weights` (singular values `s_mean_free`) has the k* gap, so that the extra
+    direction is the constant input's (the bias and the mean of the non-negative representation); "k*+1 (not bias)"
+    when it does not; "none" otherwise. s, s_mean_free: decreasing, at least k+2 values."""
     if spectral_gap(s, k) >= GAP:
         return "k*"
     if spectral_gap(s, k + 1) >= GAP:
@@ -270,7 +275,8 @@ def train_config(cfg: Config) -> TrainConfig:
     ]
     if cfg.gd_steps:
         phases.append(Phase(optimizer="sgd", steps=cfg.gd_steps, lr=cfg.gd_lr, guard_window=500))
-    if cfg.lbfgs_steps:  # float64 L-BFGS towards a critical point (Part 1 §5.2: ρ fixed), where F4's gap opens
+    # float64 L-BFGS towards a critical point (docs/theory/leaky-resnets.md §5.2: ρ fixed), where F4's gap opens
+    if cfg.lbfgs_steps:
         phases.append(Phase(optimizer="lbfgs", steps=cfg.lbfgs_steps, lr=cfg.lbfgs_lr, dtype="float64"))
     return TrainConfig(
         objective="mse",
@@ -435,7 +441,7 @@ EXPERIMENT = Experiment(
     name="leaky-bottleneck",
     summary="A Leaky ResNet trained with L2 regularization on a bottleneck teacher learns a k*-dimensional "
     "bottleneck in its middle layers.",
-    reference="Jacot & Kaiser, Hamiltonian Mechanics of Feature Learning (arXiv 2405.17573), Fig. 1; "
+    reference="Jacot & Kaiser 2024, Hamiltonian Mechanics of Feature Learning (arXiv 2405.17573), Fig. 1; "
     "docs/theory/leaky-resnets.md §5",
     config=Config,
     presets=PRESETS,

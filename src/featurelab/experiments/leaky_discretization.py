@@ -1,12 +1,12 @@
 """`leaky-discretization`: equidistant, irregular and adaptive layer steps over a range of depths L
-(docs/theory/leaky-resnets.md §2, §5.3 Fig. 2; Jacot & Kaiser, arXiv 2405.17573 §4, Fig. 2).
+(Jacot & Kaiser 2024, arXiv 2405.17573, §4 and Fig. 2; docs/theory/leaky-resnets.md §2, §5.3).
 
 One unit per (L, scheme, seed): train leaky-bottleneck's model on the 30→6→3→30 random-ResNet teacher with
 effective depth L̃ = 3; a seed sets teacher, data and init, so the schemes are compared on identical tasks.
 quick **[ours, uncalibrated]**: N = 512 (+512 test), w = 32, L ∈ {4, 8, 16}, 3 seeds, λ = 0.06 **[ours]**, Adam 4000
 steps cosine (N = 256 overfits this 30-dimensional task: test MSE ≈ 17 of 30 against ≈ 8 at N = 512).
-paper: Part 1 §5.2-5.3 (N = 1000, w = 200, L ∈ {4, 6, ..., 22}, 3 seeds **[ours]**, λ = 0.06, our calibration
-(App. B's "MSE" read as a per-entry mean, 0.002·d_out; the paper's literal λ is 0.002, its loss being ours),
+paper: docs/theory/leaky-resnets.md §5.2-5.3 (N = 1000, w = 200, L ∈ {4, 6, ..., 22}, 3 seeds **[ours]**, λ = 0.06, our
+calibration (App. B's "MSE" read as a per-entry mean, 0.002·d_out; the paper's literal λ is 0.002, its loss being ours),
 leaky-bottleneck's paper schedule: Adam 20k, then guarded GD 10k at a smaller lr).
 Claims (both presets): test error falls from the smallest to the largest L; the paper's "small but consistent
 advantage" of adaptive and irregular steps: at every L the seed mean of the paired difference (equidistant minus
@@ -66,7 +66,8 @@ class Config(lb.Config):
 
     @model_validator(mode="after")
     def _valid_steps(self):
-        """Every (L, scheme) of the sweep keeps ρ_l·L̃ < 1 (Part 1 §2), checked before any training."""
+        """Every (L, scheme) of the sweep keeps ρ_l·L̃ < 1 (docs/theory/leaky-resnets.md §2), checked before any
+        training."""
         for L in self.depths:
             for scheme in self.schemes:
                 lb.check_depth(L, self.effective_depth, scheme)
@@ -126,7 +127,8 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
 
 def pca_paths(model, X: torch.Tensor, n_points: int) -> list:
     """Top-2 PCA of all stacked representations A_0..A_L of the training set; the paths of the first
-    `n_points` samples in it, shape (L+1) x n_points x 2 (Part 1 §5.3 Fig. 2(c), **[ours]** projection)."""
+    `n_points` samples in it, shape (L+1) x n_points x 2 (docs/theory/leaky-resnets.md §5.3 Fig. 2(c), **[ours]**
+    projection)."""
     with torch.no_grad():
         reps = [a.double().cpu().numpy() for a in model.representations(X.to(next(model.parameters())))]
     pca = PCA(n_components=2).fit(np.concatenate(reps))
@@ -249,10 +251,10 @@ def paired_advantage(t: pd.DataFrame, schemes: list[str]) -> pd.DataFrame:
 
 def advantage_claim(advantage: pd.DataFrame):
     """The paper's "small but consistent advantage in the test error when using adaptive or irregular ρ's"
-    (Part 1 §4): at every L, the paired seed mean of test MSE(equidistant) − test MSE(scheme) is > 0. Measured
-    only where every such mean is resolved by its seeds (|mean| >= 2 standard errors): a "small" advantage under
-    a larger seed-to-seed spread is "not reproduced at this size". Margin: the smallest mean advantage relative to
-    the equidistant test MSE at its L."""
+    (docs/theory/leaky-resnets.md §4): at every L, the paired seed mean of test MSE(equidistant) − test MSE(scheme) is
+    > 0. Measured only where every such mean is resolved by its seeds (|mean| >= 2 standard errors): a "small"
+    advantage under a larger seed-to-seed spread is "not reproduced at this size". Margin: the smallest mean advantage
+    relative to the equidistant test MSE at its L."""
     c = all_of_claim(
         "adaptive and irregular steps have a small but consistent advantage over equidistant ones: at every "
         "L, the seed mean of test MSE(equidistant) − test MSE(scheme), paired by seed, is > 0",
@@ -290,9 +292,9 @@ def fig2b_claim(cfg: Config, dims: dict, ref: dict):
     dimension, the claim is "not reproduced at this size". Margin: the worse of the two ranks' share of the ±0.5
     window left (1 when exact, < 0 when off by one or more)."""
     c = all_of_claim(
-        f"Fig. 2(b): the adaptive net at L = {cfg.reference_depth} has a {FIG2B_BOTTLENECK.bound:g}-dim bottleneck near "
-        f"p = 0.7 and a {FIG2B_PLATEAU.bound:g}-dim plateau near p = 0.3 (effective rank #{{s_i >= 0.1 s_1}} of W_l "
-        "without its mean input direction)",
+        f"Fig. 2(b): the adaptive net at L = {cfg.reference_depth} has a {FIG2B_BOTTLENECK.bound:g}-dim bottleneck "
+        f"near p = 0.7 and a {FIG2B_PLATEAU.bound:g}-dim plateau near p = 0.3 (effective rank #{{s_i >= 0.1 s_1}} of "
+        "W_l without its mean input direction)",
         REF,
         [(dims["p≈0.7"], FIG2B_BOTTLENECK), (dims["p≈0.3"], FIG2B_PLATEAU)],
         expected=f"{FIG2B_BOTTLENECK.bound:g} at p ≈ 0.7, {FIG2B_PLATEAU.bound:g} at p ≈ 0.3",
@@ -379,7 +381,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
         "Scheme ranking by seed-mean test MSE (mean rank over L, 1 = best): "
         + ", ".join(f"{s}: {v:.2f}" for s, v in ranking.items())
         + f". Share of L where the scheme beats equidistant (seed mean): {below}. The quick preset is "
-        "uncalibrated (Part 1 §5.4): its claims test the paper's statements at a smaller size.",
+        "uncalibrated (docs/theory/leaky-resnets.md §5.4): its claims test the paper's statements at a smaller size.",
         lb.lambda_note(cfg),
     ]
     summary = {
@@ -406,7 +408,7 @@ EXPERIMENT = Experiment(
     name="leaky-discretization",
     summary="Equidistant, irregular and adaptive layer steps of a Leaky ResNet compared over the number of "
     "steps L on a 30→6→3→30 ResNet teacher: test error, spectra along the depth, representation paths.",
-    reference="Jacot & Kaiser, Hamiltonian Mechanics of Feature Learning (arXiv 2405.17573), Fig. 2; "
+    reference="Jacot & Kaiser 2024, Hamiltonian Mechanics of Feature Learning (arXiv 2405.17573), Fig. 2; "
     "docs/theory/leaky-resnets.md §2, §5.3",
     config=Config,
     presets=PRESETS,

@@ -1,15 +1,16 @@
 """`leaky-hamiltonian`: the Hamiltonian, the cost of identity and the energies of trained Leaky ResNets
-across effective depths L̃ (docs/theory/leaky-resnets.md §3, §5.3-5.4; Jacot & Kaiser, arXiv 2405.17573, Figs. 1 and 3).
+across effective depths L̃ (Jacot & Kaiser 2024, arXiv 2405.17573, Figs. 1 and 3; docs/theory/leaky-resnets.md §3,
+§5.3-5.4).
 
 One unit per L̃: train (leaky-bottleneck's model, data and phases, optionally a float64 L-BFGS polish,
 §5.2), then `geodesic_diagnostics` on the training set.
-quick: Part 1 §5.4 (teacher 10→3→10, N = 256, w = 40, L = 16 equidistant, λ = 0.02), leaky-bottleneck's quick
-schedule (Adam 20k cosine from 6e-3),
+quick: docs/theory/leaky-resnets.md §5.4 (teacher 10→3→10, N = 256, w = 40, L = 16 equidistant, λ = 0.02),
+leaky-bottleneck's quick schedule (Adam 20k cosine from 6e-3),
 L̃ ∈ {2, 5, 8}; claims Q1-Q7 (Q4 as F4's gap test) and the paper's stronger F1, F4 and F5 (Theorem 4 (b)), which
 may fail at this size (the residual r is reported next to ĥ).
-paper: Part 1 §5.2-5.3 (teacher 20→5→20, N = 1000, w = 200, L = 50 adaptive, λ = 0.04 as leaky-bottleneck's
-paper preset, Adam 20k + guarded GD 10k + 500 L-BFGS steps **[ours]**), L̃ ∈ {1, 2, 3, 4, 5, 6, 7.5, 10};
-claims F1-F5 and Fig. 3.
+paper: docs/theory/leaky-resnets.md §5.2-5.3 (teacher 20→5→20, N = 1000, w = 200, L = 50 adaptive, λ = 0.04 as
+leaky-bottleneck's paper preset, Adam 20k + guarded GD 10k + 500 L-BFGS steps **[ours]**), L̃ ∈ {1, 2, 3, 4, 5, 6, 7.5,
+10}; claims F1-F5 and Fig. 3.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from ..measurements.hamiltonian import geodesic_diagnostics
 from . import leaky_bottleneck as lb
 from .base import Analysis, Experiment, TrainingUnit
 
-REF = "docs/theory/leaky-resnets.md §5.4"
-FIG1 = "docs/theory/leaky-resnets.md §5.3; Jacot & Kaiser Fig. 1"
-LARGE = 5.0  # "L̃ >= 5" of Q5 and Q7 (Part 1 §5.4)
+REF = "Jacot & Kaiser 2024 (arXiv 2405.17573) Figs. 1, 3, read as checks Q1-Q7; docs/theory/leaky-resnets.md §5.4"
+FIG1 = "Jacot & Kaiser 2024 (arXiv 2405.17573) Fig. 1; docs/theory/leaky-resnets.md §5.3"
+LARGE = 5.0  # "L̃ >= 5" of Q5 and Q7 (docs/theory/leaky-resnets.md §5.4)
 
 
 class Config(lb.Config):
@@ -45,7 +46,7 @@ class Config(lb.Config):
 
     @model_validator(mode="after")
     def _valid_steps(self):
-        """Every L̃ of the sweep keeps ρ_l·L̃ < 1 (Part 1 §2), checked before any training."""
+        """Every L̃ of the sweep keeps ρ_l·L̃ < 1 (docs/theory/leaky-resnets.md §2), checked before any training."""
         for Lt in self.effective_depths:
             lb.check_depth(self.depth, Lt, self.steps)
         return self
@@ -77,8 +78,8 @@ def units(cfg: Config) -> list[dict]:
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     ucfg = unit_config(cfg, unit["effective_depth"])
     data = lb.make_data(ucfg)
-    # leaky-bottleneck's phases, its float64 L-BFGS included (Part 1 §5.2: ρ fixed, a fixed-ρ critical point);
-    # every claim here is about critical points, so every unit is certified
+    # leaky-bottleneck's phases, its float64 L-BFGS included (docs/theory/leaky-resnets.md §5.2: ρ fixed, a fixed-ρ
+    # critical point); every claim here is about critical points, so every unit is certified
     return TrainingUnit(lb.make_model(ucfg, data), data, lb.train_config(ucfg), certify=cfg.certify)
 
 
@@ -564,7 +565,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     notes = [
         "Convergence residual r (median over layers) by L̃: "
         + ", ".join(f"{a:g}: {b:.3g}" for a, b in zip(t["effective_depth"], t["residual_median"]))
-        + ". The exact Hamiltonian ĥ is a k* estimate only when r is small (Part 1 §3.2, §5.4).",
+        + ". The exact Hamiltonian ĥ is a k* estimate only when r is small (docs/theory/leaky-resnets.md §3.2, §5.4).",
         lb.lambda_note(cfg),
         "Largest |𝓗ᵀ⁴ - 𝓗| over layers by L̃: "
         + ", ".join(f"{a:g}: {b:.3g}" for a, b in zip(t["effective_depth"], t["thm4_gap_max"])),
@@ -587,7 +588,7 @@ EXPERIMENT = Experiment(
     name="leaky-hamiltonian",
     summary="Across effective depths, the rescaled Hamiltonian of a trained Leaky ResNet rises towards the "
     "bottleneck rank k* while the cost of identity falls to it; energies and spectra along the depth.",
-    reference="Jacot & Kaiser, Hamiltonian Mechanics of Feature Learning (arXiv 2405.17573), Figs. 1 and 3; "
+    reference="Jacot & Kaiser 2024, Hamiltonian Mechanics of Feature Learning (arXiv 2405.17573), Figs. 1 and 3; "
     "docs/theory/leaky-resnets.md §3, §5",
     config=Config,
     presets=PRESETS,

@@ -553,7 +553,8 @@ EXPERIMENT = Experiment(
     summary="Theorem 3 items 1-3 and Prop. 5 (Jacot 2023) on trained ReLU nets: R̂⁽¹⁾ of the identity on CP and "
     "non-CP planar sets, of linear maps on CP domains against the exact cost, and sub-additivity under composition "
     "and sums.",
-    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2305.19008), Theorem 3, Prop. 5; "
+    reference="Jacot 2023, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2305.19008), Theorem 3, "
+    "Prop. 5; "
     "docs/theory/bottleneck-rank.md §2.5, §4c",
     config=Config,
     presets=PRESETS,

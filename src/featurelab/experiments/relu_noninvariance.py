@@ -1,6 +1,6 @@
 """`relu-noninvariance`: the Gram difference I = W_lW_lᵀ - W_{l+1}ᵀW_{l+1} is conserved only between units
 with equal activation patterns; between ReLU units (or a ReLU and a linear unit) it moves at rate Φ of
-Lemma 4, independently of η (docs/theory/invariances.md §3 Lemma 4, §6c; Le & Jegelka, ICLR 2022).
+Lemma 4, independently of η (Le & Jegelka 2022, arXiv 2201.11968, Lemma 4; docs/theory/invariances.md §3, §6c).
 
 FC 10-32-32-1 whose hidden neurons 0-7 are linear and the rest ReLU, init N(0, 1/fan_in), logistic
 loss on separable data, float64 full-batch GD at η ∈ {0.1, 0.05, 0.025} for τ = ηT = 100. Blocks of I's

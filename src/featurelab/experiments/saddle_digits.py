@@ -1,5 +1,6 @@
 """`saddle-digits` and `saddle-mnist`: saddle-to-saddle training of a deep bias-free ReLU MLP from small
-initialization (docs/theory/saddle-to-saddle.md §6, A3, A4; Bantzis, Simon, Jacot Fig. 1 and App. B Figs. 3-4).
+initialization (Bantzis, Simon, Jacot 2025, arXiv 2505.21722, Fig. 1 and App. B Figs. 3-4;
+docs/theory/saddle-to-saddle.md §6, A3, A4).
 
 Minibatch SGD with ``lr_t = max(c/‖θ_t‖^{L-2}, lr_min)`` on mean cross-entropy from init std σ_0. The
 full-train loss sits at ln 10 (the origin saddle), escapes along a nearly rank-one direction to a second
@@ -7,8 +8,8 @@ plateau, then escapes again. Each unit is one seed; every `log_every` steps the 
 (column ``rW{ℓ}``), the speed of θ_t on the √L-sphere with G = ∇C(0) of the full train set (column
 ``speed``) and the top-10 singular values of every layer (``sv{ℓ}_{i}``).
 
-saddle-digits quick (Part 4 §6 `digits_quick`, 2 seeds, ≈45 s per seed on one thread): scikit-learn
-digits (all 1797, standardized), 64→64×5→10, σ_0 = 0.01, batch 128, c = 20, floor 0.05;
+saddle-digits quick (docs/theory/saddle-to-saddle.md §6 `digits_quick`, 2 seeds, ≈45 s per seed on one thread):
+scikit-learn digits (all 1797, standardized), 64→64×5→10, σ_0 = 0.01, batch 128, c = 20, floor 0.05;
 each epoch's last batch of 1797 mod 128 = 5 samples is kept, as torch's DataLoader does (see the docs);
 a relative trust region ‖Δθ‖ <= 0.25‖θ‖ (ours) cuts the rare runaway steps at the floor; 90k steps
 instead of the reference 60k (ours: the second escape is late in about half the seeds, docs/saddle-to-saddle.md).
@@ -16,8 +17,8 @@ The seeds train as batched ensembles (`build`/`finish`; `SaddleLog` is an ``on_l
 saddle-digits paper: the same with 5 seeds. saddle-mnist paper (`mnist_paper`): MNIST from local IDX files,
 784→1000×5→10, σ_0 = 1e-3, batch 32, 1000 epochs, c = 10, no floor (a GPU job); its quick preset (ours,
 unverified) trains 784→256×5→10 on a 10k subset.
-Claims (Part 4 §7, each in every seed: the paper describes the dynamics, not a share of runs): a ln 10
-plateau first, a second plateau, the deep layers nearly rank one at its midpoint, every layer 2..L nearer
+Claims (docs/theory/saddle-to-saddle.md §7, each in every seed: the paper describes the dynamics, not a share of runs):
+a ln 10 plateau first, a second plateau, the deep layers nearly rank one at its midpoint, every layer 2..L nearer
 rank one than layer 1, a depth trend (Spearman ρ(ℓ, r_W(ℓ)) <= -0.8), s_2/s_1 falling at least as fast as
 ℓ^{-1/4} (log-log slope <= -1/4, Thm 3.1's rate), later escapes (the final loss, the median of the last 5
 logged losses, A4's smoothing, below the second plateau: the paper's "subsequent saddle escapes"; it states no
@@ -50,7 +51,7 @@ from ..training import Phase, TrainConfig
 from ..training.plateaus import detect_plateaus, smooth
 from .base import Analysis, Experiment, TrainingUnit
 
-REF = "docs/theory/saddle-to-saddle.md §6-§7; Bantzis, Simon, Jacot Fig. 1, App. B Figs. 3-4"
+REF = "Bantzis, Simon, Jacot 2025 (arXiv 2505.21722) Fig. 1, App. B Figs. 3-4; docs/theory/saddle-to-saddle.md §6-§7"
 
 
 class Config(ExperimentConfig):
@@ -560,7 +561,8 @@ EXPERIMENT = Experiment(
     name="saddle-digits",
     summary="A deep bias-free ReLU MLP trained from small initialization on the digits goes from saddle to saddle: "
     "a plateau at ln 10, an escape along a nearly rank-one direction, a second plateau, a second escape.",
-    reference="Bantzis, Simon, Jacot, Saddle-to-Saddle Dynamics in Deep ReLU Networks, Fig. 1, App. B; "
+    reference="Bantzis, Simon, Jacot 2025, Saddle-to-Saddle Dynamics in Deep ReLU Networks (arXiv 2505.21722), "
+    "Fig. 1, App. B; "
     "docs/theory/saddle-to-saddle.md §6 (digits_quick)",
     config=Config,
     presets=DIGITS_PRESETS,
@@ -575,7 +577,8 @@ MNIST_EXPERIMENT = Experiment(
     name="saddle-mnist",
     summary="Saddle-to-saddle dynamics of a depth-6 bias-free ReLU MLP on MNIST (local IDX files; paper preset "
     "needs a GPU).",
-    reference="Bantzis, Simon, Jacot, Saddle-to-Saddle Dynamics in Deep ReLU Networks, Fig. 1, App. B; "
+    reference="Bantzis, Simon, Jacot 2025, Saddle-to-Saddle Dynamics in Deep ReLU Networks (arXiv 2505.21722), "
+    "Fig. 1, App. B; "
     "docs/theory/saddle-to-saddle.md §6 (mnist_paper)",
     config=MnistConfig,
     presets=MNIST_PRESETS,

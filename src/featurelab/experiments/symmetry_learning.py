@@ -1,5 +1,5 @@
-"""`symmetry-learning`: an L2-regularized MLP learns the symmetries of gradient descent (docs/theory/bottleneck-rank.md
-§4b; Jacot, NeurIPS 2023, Sec. 5 and Fig. 2).
+"""`symmetry-learning`: an L2-regularized MLP learns the symmetries of gradient descent (Jacot 2023,
+arXiv 2305.19008, §5 and Fig. 2; docs/theory/bottleneck-rank.md §4b).
 
 Input: a starting point w₀ of GD on C(w) = ‖wwᵀ − uuᵀ − E‖²_F; target: its loss curve C(w_1..w_T).
 Without E the curve depends on (|m₀|, r₀) only (m = uᵀw, r = ‖w − mu‖), a BN-rank-2 function. The
@@ -400,7 +400,7 @@ EXPERIMENT = Experiment(
     name="symmetry-learning",
     summary="An MLP trained on GD loss curves learns a 2-D bottleneck that encodes the curve's invariants (|m|, r) "
     "and forgets the symmetries of the dynamics.",
-    reference="Jacot, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2305.19008), Sec. 5, Fig. 2; "
+    reference="Jacot 2023, Bottleneck Structure in Learned Features (NeurIPS 2023, arXiv 2305.19008), Sec. 5, Fig. 2; "
     "docs/theory/bottleneck-rank.md §4b",
     config=Config,
     presets=PRESETS,

@@ -1,5 +1,6 @@
 """`width-plateau`: the minimal L2-regularized loss stops improving beyond a small width n*, and every
-trained network can be shrunk exactly (docs/theory/sparsity.md §4-§6; Jacot et al. 2022, Fig. 2).
+trained network can be shrunk exactly (Jacot, Golikov, Hongler, Gabriel 2022, arXiv 2205.15809, Fig. 2;
+docs/theory/sparsity.md §4-§6).
 
 For each dataset and hidden width w (uniform over the L-1 hidden layers) several trials are trained
 (Adam, then full-batch GD); m(w) = min over trials of L_λ = C + λ‖θ‖² (float64, on the training set) and
@@ -8,8 +9,8 @@ through `caratheodory_reduce` (and `merge_aligned_neurons`) to measure the width
 
 Datasets: "digits" (sklearn digits, 1000 train / 797 test, mean cross-entropy), "teacher" (x ~ N(0, I_10),
 a random ReLU teacher of depth 3 and width 8 with standardized outputs, MSE) and "mnist" (local files).
-quick: digits and teacher with the widths and schedules of Part 3 §6, except that digits trains twice as
-long (Adam 4000 + GD 1000; ours, §8.5): with 2000 + 500 steps the wide nets were still improving, and
+quick: digits and teacher with the widths and schedules of docs/theory/sparsity.md §6, except that digits trains twice
+as long (Adam 4000 + GD 1000; ours, §8.5): with 2000 + 500 steps the wide nets were still improving, and
 m(32) ended 1.01 m(64) (a cosine Adam schedule did worse). paper (for a GPU): both panels of Fig. 2, MNIST 60k
 and the teacher with N = 1000, 15 widths in [1, 200] x 3 trials each, Adam 10k + GD 5k.
 For classification the analysis also computes Prop. 14's width bound for the one-hot labels, cp-rank(M_Y)
@@ -70,8 +71,8 @@ CERTIFY = 1e-6  # stationarity a unit must reach for the claims about minima (`f
 
 
 class Sweep(OptimizerConfig):
-    """One dataset's width sweep (Part 3 §5d) and its schedule of Part 3 §6: Adam (constant or cosine lr),
-    then full-batch GD (either may have 0 steps)."""
+    """One dataset's width sweep (docs/theory/sparsity.md §5d) and its schedule of docs/theory/sparsity.md §6: Adam
+    (constant or cosine lr), then full-batch GD (either may have 0 steps)."""
 
     widths: list[PositiveInt] = Field(min_length=1)
     trials: int = Field(default=2, ge=1, le=1000)
@@ -134,7 +135,7 @@ OBJECTIVE: dict[str, Literal["mse", "cross_entropy"]] = {
 
 def teacher_data(cfg: Config) -> Dataset:
     """Gaussian inputs through a random He-initialized ReLU MLP (biases drawn N(0, 0.1)), outputs
-    standardized with train+test statistics; rows are samples (Part 3 §6 teacher-quick)."""
+    standardized with train+test statistics; rows are samples (docs/theory/sparsity.md §6 teacher-quick)."""
     teacher = MLP(
         cfg.teacher_d_in,
         cfg.teacher_d_out,
@@ -466,7 +467,8 @@ EXPERIMENT = Experiment(
     name="width-plateau",
     summary="The minimal L2-regularized loss is flat beyond a small width n* (sparsity), and Carathéodory "
     "reduction shrinks every trained network exactly.",
-    reference="Jacot, Golikov, Hongler, Gabriel, Feature Learning in L2-regularized DNNs (NeurIPS 2022), Fig. 2; "
+    reference="Jacot, Golikov, Hongler, Gabriel 2022, Feature Learning in L2-regularized DNNs (NeurIPS 2022, "
+    "arXiv 2205.15809), Fig. 2; "
     "docs/theory/sparsity.md §4-§6",
     config=Config,
     presets=PRESETS,
