@@ -19,16 +19,11 @@ COLUMNS = ["step", "phase", "lr", "loss", "cost", "penalty", "param_norm"]
 
 def config(objective: str, lam: float, lr: float, sgd_lr: float, seed: int = 0) -> TrainConfig:
     """Adam (cosine, mini-batches of 16) then SGD with momentum under a guard (an lr `sgd_lr` that makes it fire)."""
-    return TrainConfig(
-        objective=objective,
-        lam=lam,
-        seed=seed,
-        log_every=5,
-        phases=[
-            Phase(optimizer="adam", steps=12, lr=lr, schedule="cosine", lr_min=lr / 10, batch_size=16),
-            Phase(optimizer="sgd", steps=12, lr=sgd_lr, momentum=0.9, guard_window=4),
-        ],
-    )
+    phases = [
+        Phase(optimizer="adam", steps=12, lr=lr, schedule="cosine", lr_min=lr / 10, batch_size=16),
+        Phase(optimizer="sgd", steps=12, lr=sgd_lr, momentum=0.9, guard_window=4),
+    ]
+    return TrainConfig.model_validate(dict(objective=objective, lam=lam, seed=seed, log_every=5, phases=phases))
 
 
 def mlps(n: int) -> list[fl.MLP]:
