@@ -38,3 +38,18 @@ def test_the_template_is_not_listed_and_a_copy_with_a_block_is(tmp_path):
     plain = tmp_path / "plain.py"
     plain.write_text(text)
     assert module_entries(plain) == ()
+
+
+def test_a_module_whose_catalog_disagrees_with_its_experiments_is_refused(monkeypatch):
+    """The registry checks each module's CATALOG block against the experiments it defines, naming the module."""
+    import sys
+    import types
+
+    fake = types.ModuleType("featurelab.experiments.fake")
+    fake.EXPERIMENT = template.EXPERIMENT  # named "template", presets quick and tiny
+    fake.CATALOG = (Entry("template", ("quick", "paper"), "a listing whose presets differ", 99),)
+    monkeypatch.setitem(sys.modules, "featurelab.experiments.fake", fake)
+    with pytest.raises(ImportError, match=r"featurelab\.experiments\.fake: CATALOG lists"):
+        experiments.module_experiments("fake")
+    fake.CATALOG = (Entry("template", ("quick", "tiny"), "the same presets", 99),)
+    assert experiments.module_experiments("fake") == {"template": template.EXPERIMENT}

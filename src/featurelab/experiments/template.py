@@ -17,7 +17,7 @@ The parts, in the order the runner uses them:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import pandas as pd
 import torch
@@ -59,6 +59,11 @@ class UnitResult:
     seed: int
     initial_cost: float
     final_cost: float
+
+    @classmethod
+    def of(cls, result: dict) -> UnitResult:
+        """The fields of a unit's result dict (which the runner may extend, e.g. with ``"unhealthy"``)."""
+        return cls(**{f.name: result[f.name] for f in fields(cls)})
 
     @property
     def fit_ratio(self) -> float:
@@ -105,7 +110,7 @@ def fit_figure(rows: list[UnitResult]):
 
 
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
-    rows = [UnitResult(**res) for res in results.values()]
+    rows = [UnitResult.of(res) for res in results.values()]
     worst = max((r.fit_ratio for r in rows), default=float("nan"))
     claims = [
         threshold_claim(
