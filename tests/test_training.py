@@ -2,6 +2,8 @@
 an interrupted run resumed to the same result as an uninterrupted one."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -233,3 +235,20 @@ def test_lbfgs_polish_reaches_the_ridge_minimiser():
     fl.train(model, data, fl.TrainConfig(objective="mse", lam=lam, phases=phases, log_every=200), progress=False)
     (W,) = model.weights  # stored layout: n_out x (n_in + 1), bias column last
     torch.testing.assert_close(W.detach(), W_star, rtol=0, atol=1e-8)
+
+
+def test_training_changes_no_process_setting_and_tune_cpu_is_the_explicit_call():
+    """`train` leaves denormal floats alone; `featurelab.runtime.tune_cpu()` flushes them to 0 for the process (run
+    in a fresh interpreter: the setting cannot be undone)."""
+    code = """
+import torch
+import featurelab as fl
+from featurelab.runtime import tune_cpu
+data = fl.data.bottleneck_teacher((4, 2, 3), hidden=8, n_train=16, n_test=0, teacher_seed=0, data_seed=1)
+fl.train(fl.MLP(4, 3, 8, 3, dtype=torch.float64), data, fl.TrainConfig(phases=[fl.Phase(steps=2, lr=1e-3)]))
+tiny = torch.tensor([1e-310], dtype=torch.float64)
+assert float(tiny * 1.0) == 1e-310, "train flushed denormals"
+assert tune_cpu() and float(tiny * 1.0) == 0.0, "tune_cpu did not flush denormals"
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
