@@ -16,7 +16,7 @@ from featurelab.claims import (
     certified_tier,
     claim,
     error_bar,
-    fmt_margin,
+    fmt_error_bar,
     has_tier,
     tally,
     threshold_claim,
@@ -264,7 +264,7 @@ def test_claims_json_and_the_report_carry_both_tiers(tiered_run):
     assert "Certified: 1 of 1 pass." in html and "<th>as the paper did</th>" in html
     head, checks = html.split("<h2>Checks of the code</h2>")
     assert "<th>certified</th>" in head and "<th>certified</th>" not in checks  # identity claims: one tier
-    assert f"<td>{fmt_margin(loss['error_bar'])}</td>" in html
+    assert f"<td>{fmt_error_bar(loss['error_bar'])}</td>" in html and fmt_error_bar(-0.001) == "±0.1%"
 
 
 def test_certify_on_a_relu_net_stores_what_gives_its_recorded_loss_bit_for_bit(tmp_path):

@@ -181,6 +181,11 @@ def fmt_margin(value) -> str:
     return f"{100 * value:+.3g}%"
 
 
+def fmt_error_bar(value) -> str:
+    """A certified margin's error bar as text: "±0.1%" (the same units as `fmt_margin`); "" when it has none."""
+    return "" if value is None else f"±{100 * abs(value):.3g}%"
+
+
 KINDS = ("empirical", "identity")
 PREMISES = ("", "critical")
 

@@ -82,13 +82,17 @@ def _cmd_run(args) -> int:
 
 def _certified_text(c: dict) -> str:
     """ " | certified: PASS +12% ±0.1%" for a claim dict with tier "certified" (its reason if not measured)."""
-    from .claims import fmt_margin, has_tier, verdict
+    from .claims import fmt_error_bar, fmt_margin, has_tier, verdict
 
     if not has_tier(c):
         return ""
-    bar = f" ±{fmt_margin(c['error_bar']).lstrip('+')}" if c.get("error_bar") is not None else ""
     why = f" [{c['certified_reason']}]" if c.get("certified_reason") else ""
-    return f" | certified: {verdict(c.get('certified_passed'))} {fmt_margin(c.get('certified_margin'))}{bar}{why}"
+    parts = (
+        verdict(c.get("certified_passed")),
+        fmt_margin(c.get("certified_margin")),
+        fmt_error_bar(c.get("error_bar")),
+    )
+    return " | certified: " + " ".join(x for x in parts if x) + why
 
 
 def _seed_list(text: str) -> list[int]:

@@ -12,7 +12,7 @@ import html
 import json
 from pathlib import Path
 
-from ..claims import TIERS, fmt, fmt_margin, has_tier, tally, verdict
+from ..claims import TIERS, fmt, fmt_error_bar, fmt_margin, has_tier, tally, verdict
 from ..errors import FeaturelabError
 from ..io import read_csv, read_json, read_yaml, write_text
 
@@ -69,7 +69,7 @@ def _certified_cells(c: dict) -> str:
     if not has_tier(c):
         return "<td></td>" * 4 + "<td>(one tier)</td>"
     delta = c.get("clarke")
-    cells = [c.get("certified_measured", ""), fmt_margin(c.get("certified_margin")), fmt_margin(c.get("error_bar"))]
+    cells = [c.get("certified_measured", ""), fmt_margin(c.get("certified_margin")), fmt_error_bar(c.get("error_bar"))]
     cells.append(fmt(delta, 2) if delta is not None else "")
     return "".join(f"<td>{_esc(x)}</td>" for x in cells) + _verdict_cell(
         c.get("certified_passed"), c.get("certified_reason", "")

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..claims import TIERS, fmt_margin, has_tier, tier_verdict, verdict
+from ..claims import TIERS, fmt_error_bar, fmt_margin, has_tier, tier_verdict, verdict
 from ..errors import FeaturelabError
 from ..io import read_json, write_json, write_text
 from .report import page_head
@@ -192,9 +192,8 @@ def tier_text(row: dict, label: str) -> str:
     v = row.get("certified_verdicts", {}).get(label)
     if not v:
         return ""
-    bar = row.get("error_bars", {}).get(label)
-    bar_text = f" ±{fmt_margin(bar).lstrip('+')}" if bar is not None else ""
-    return f"cert {v} {fmt_margin(row['certified_margins'].get(label))}{bar_text}".strip()
+    bar = fmt_error_bar(row.get("error_bars", {}).get(label))
+    return " ".join(x for x in ("cert", v, fmt_margin(row["certified_margins"].get(label)), bar) if x)
 
 
 def _esc(x) -> str:
