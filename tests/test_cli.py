@@ -54,6 +54,13 @@ def test_run_folder_is_complete(tiny_run):
         "kind",
         "margin",
         "premise",
+        "stationarity",
+        "certified_passed",
+        "certified_measured",
+        "certified_margin",
+        "certified_reason",
+        "error_bar",
+        "clarke",
     }
     assert all(c["id"] for c in claims) and len({c["id"] for c in claims}) == len(claims)
     assert isinstance(claims[0]["passed"], bool) or claims[0]["reason"]  # a claim not measured says why
