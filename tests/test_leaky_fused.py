@@ -146,7 +146,7 @@ def test_hessian_vector_products_match_the_plain_path(M):
         assert fused_nodes(out) == (0 if plain else 1)
         cost = ((out - Y) ** 2).sum() / N
         grads = torch.autograd.grad(cost, [leaves[k] for k in names], create_graph=True)
-        dot = sum((g * u).sum() for g, u in zip(grads, v))
+        dot = torch.stack([(g * u).sum() for g, u in zip(grads, v)]).sum()
         return list(torch.autograd.grad(dot, [leaves[k] for k in names]))
 
     for k, hv, ref in zip(names, hvp(False), hvp(True)):

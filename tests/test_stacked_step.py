@@ -4,6 +4,7 @@ the cost's pullbacks chained by hand, the flat parameter buffer with λ‖θ‖�
 and per-member arithmetic, and the log's metrics from one stacked pass."""
 
 import copy
+from typing import cast
 
 import pytest
 import torch
@@ -58,12 +59,12 @@ def test_cost_pullback_is_the_nodes_gradient(gen):
     labels = torch.randint(0, C, (N,), generator=gen)
     g = torch.randn(M, generator=gen, dtype=torch.float64)
     with torch.no_grad():
-        cost, pullback = cost_pullback("cross_entropy", z, labels)
+        cost, pullback = cast(tuple, cost_pullback("cross_entropy", z, labels))
         dz = pullback(g)
     torch.testing.assert_close(cost, reference_cross_entropy(z, labels), rtol=0, atol=1e-12)
     torch.testing.assert_close(dz, torch.autograd.grad(reference_cross_entropy(z, labels), z, g)[0], rtol=0, atol=1e-12)
     with torch.no_grad():  # a step that needs the gradient only: no cost, the same pullback
-        no_cost, pullback = cost_pullback("cross_entropy", z, labels, value=False)
+        no_cost, pullback = cast(tuple, cost_pullback("cross_entropy", z, labels, value=False))
         torch.testing.assert_close(pullback(g), dz, rtol=0, atol=0)
     assert no_cost is None
     assert cost_pullback("mse", z, torch.randn(N, C, dtype=torch.float64)) is None
@@ -92,7 +93,7 @@ def mlp(seed: int = 0, **kw) -> fl.MLP:
 def holding(model: fl.MLP, Ws: list[torch.Tensor]) -> fl.MLP:
     """`model` with the tensors `Ws` as its weights (stacked ones, as the engine's twin holds them)."""
     for l, W in enumerate(Ws):
-        model.weights._parameters[str(l)] = W
+        model.weights._parameters[str(l)] = cast(torch.nn.Parameter, W)
     return model
 
 
@@ -107,8 +108,8 @@ def test_weight_decay_node_values_gradients_and_hvps(gen, stacked):
     model = holding(model, Ws)
     lam = torch.tensor([0.5, 0.0, 2.0], dtype=torch.float64) if stacked else 0.3
 
-    def reference():
-        return lam * sum((W**2).sum((-2, -1)) for W in Ws)
+    def reference() -> torch.Tensor:
+        return lam * torch.stack([(W**2).sum((-2, -1)) for W in Ws]).sum(0)
 
     got, want = _kernels.penalty(model, lam), reference()
     assert type(got.grad_fn).__name__ == "WeightDecayBackward"
@@ -120,7 +121,7 @@ def test_weight_decay_node_values_gradients_and_hvps(gen, stacked):
 
     def hvp(penalty):
         grads = torch.autograd.grad(penalty().sum(), Ws, create_graph=True)
-        return torch.autograd.grad(sum((d * v).sum() for d, v in zip(grads, vs)), Ws)
+        return torch.autograd.grad(torch.stack([(d * v).sum() for d, v in zip(grads, vs)]).sum(), Ws)
 
     for a, b in zip(hvp(lambda: _kernels.penalty(model, lam)), hvp(reference)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
@@ -134,7 +135,7 @@ def test_mlp_pullback_is_autograds_gradient(gen, leak):
     Ws = [torch.randn(4, *W.shape, generator=gen, dtype=torch.float64, requires_grad=True) for W in model.weights]
     X = torch.randn(10, 5, generator=gen, dtype=torch.float64)
     with torch.no_grad():
-        out, pullback = _kernels.pullback(model, X, Ws)
+        out, pullback = cast(tuple, _kernels.pullback(model, X, Ws))
     want = holding(model, Ws)(X, return_layers=True).output  # the plain path, layer by layer
     torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
     G = torch.randn(want.shape, generator=gen, dtype=torch.float64)
@@ -154,7 +155,9 @@ def classification(n: int = 24, seed: int = 0) -> fl.Dataset:
 
 def configs(lams, lrs=(1e-2,), objective="cross_entropy", steps=4):
     return [
-        TrainConfig(objective=objective, lam=lam, log_every=steps, phases=[Phase(optimizer="adam", steps=steps, lr=lr)])
+        TrainConfig.model_validate(
+            dict(objective=objective, lam=lam, log_every=steps, phases=[Phase(optimizer="adam", steps=steps, lr=lr)])
+        )
         for lam, lr in zip(lams, lrs * len(lams) if len(lrs) == 1 else lrs)
     ]
 

@@ -51,7 +51,7 @@ def config(**kw):
         ],
     )
     base.update(kw)
-    return fl.TrainConfig(**base)
+    return fl.TrainConfig.model_validate(base)
 
 
 def test_same_seed_gives_identical_history():
@@ -94,7 +94,7 @@ def test_cosine_and_inverse_norm_schedules():
     theta0 = [p.detach().clone() for p in model.parameters()]
     ref = fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64)
     grads = torch.autograd.grad(data_cost("mse", ref(data.X_train), data.Y_train), list(ref.parameters()))
-    lr0 = 0.5 / torch.sqrt(sum((t**2).sum() for t in theta0)) ** 3  # L = 5
+    lr0 = 0.5 / torch.sqrt(torch.stack([(t**2).sum() for t in theta0]).sum()) ** 3  # L = 5
     rule = fl.Phase(optimizer="sgd", steps=1, lr=0.5, schedule="inverse_norm")
     fl.train(model, data, fl.TrainConfig(objective="mse", phases=[rule], log_every=1), progress=False)
     for p, t0, g in zip(model.parameters(), theta0, grads):
@@ -115,8 +115,8 @@ def test_max_step_is_a_relative_trust_region():
     ]
     ref = fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64)
     grads = torch.autograd.grad(data_cost("mse", ref(data.X_train), data.Y_train), list(ref.parameters()))
-    g_norm = torch.sqrt(sum((g**2).sum() for g in grads))
-    t_norm = torch.sqrt(sum((t**2).sum() for t in theta0))
+    g_norm = torch.sqrt(torch.stack([(g**2).sum() for g in grads]).sum())
+    t_norm = torch.sqrt(torch.stack([(t**2).sum() for t in theta0]).sum())
     cuts = []
     for lr, kappa in ((100.0, 1e-3), (1e-6, 0.5)):
         model = fl.MLP(4, 3, 8, depth=5, seed=1, init="absolute", init_scale=0.3, dtype=torch.float64)
@@ -129,7 +129,9 @@ def test_max_step_is_a_relative_trust_region():
             torch.testing.assert_close(p.detach(), t0 - step * g, rtol=1e-12, atol=1e-15)
         assert res.history["capped_steps"].iloc[-1] == int(cut)
         if cut:
-            moved = torch.sqrt(sum(((p.detach() - t) ** 2).sum() for p, t in zip(model.parameters(), theta0)))
+            moved = torch.sqrt(
+                torch.stack([((p.detach() - t) ** 2).sum() for p, t in zip(model.parameters(), theta0)]).sum()
+            )
             assert float(moved) == pytest.approx(kappa * float(t_norm), rel=1e-12)
     assert cuts == [True, False]  # both branches
     with pytest.raises(Exception, match="max_step needs optimizer 'sgd'"):
@@ -185,9 +187,8 @@ def test_guard_restores_and_halves_lr_when_loss_rises():
 
     def run(guard):
         model = fl.MLP(4, 3, 8, depth=2, leak=1.0, seed=1, dtype=torch.float64)
-        cfg = fl.TrainConfig(
-            objective="mse", log_every=10, phases=[{"optimizer": "sgd", "steps": 200, "lr": 0.6, "guard_window": guard}]
-        )
+        phases = [{"optimizer": "sgd", "steps": 200, "lr": 0.6, "guard_window": guard}]
+        cfg = fl.TrainConfig.model_validate({"objective": "mse", "log_every": 10, "phases": phases})
         return fl.train(model, data, cfg, progress=False)
 
     with pytest.raises(fl.FeaturelabError, match="diverged at step 10"):
@@ -200,12 +201,8 @@ def test_guard_restores_and_halves_lr_when_loss_rises():
 def test_adaptive_steps_are_updated_by_the_trainer_and_frozen_at_the_end():
     data = small_problem()
     model = fl.LeakyResNet(4, 3, 6, depth=10, effective_depth=3.0, steps="adaptive", seed=0)
-    cfg = fl.TrainConfig(
-        objective="mse",
-        lam=0.01,
-        log_every=50,
-        phases=[{"optimizer": "adam", "steps": 500, "lr": 1e-3, "adapt_every": 100}],
-    )
+    phases = [{"optimizer": "adam", "steps": 500, "lr": 1e-3, "adapt_every": 100}]
+    cfg = fl.TrainConfig.model_validate({"objective": "mse", "lam": 0.01, "log_every": 50, "phases": phases})
     fl.train(model, data, cfg, progress=False)
     assert len(model.rho_history) == 4  # updates at 100..400; the last 10% (450..500) is frozen
     assert model.rho.sum().item() == pytest.approx(1.0, abs=1e-12)
@@ -213,7 +210,9 @@ def test_adaptive_steps_are_updated_by_the_trainer_and_frozen_at_the_end():
 
 def test_bad_train_config_is_a_one_line_error():
     with pytest.raises(Exception, match="inverse_norm"):
-        fl.TrainConfig(phases=[{"optimizer": "adam", "steps": 1, "lr": 1.0, "schedule": "inverse_norm"}])
+        fl.TrainConfig.model_validate(
+            {"phases": [{"optimizer": "adam", "steps": 1, "lr": 1.0, "schedule": "inverse_norm"}]}
+        )
 
 
 def test_lbfgs_polish_reaches_the_ridge_minimiser():

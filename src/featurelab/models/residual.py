@@ -89,6 +89,11 @@ class Flatten(nn.Module):
         return a.flatten(a.dim() - item_dims)
 
 
+def _slope(sigma: str | float) -> float:
+    """The slope a of σ_a named by `sigma`: "relu" (0), "linear" (1), or a number."""
+    return float(SIGMAS.get(sigma, sigma) if isinstance(sigma, str) else sigma)
+
+
 class ResBlock(nn.Module):
     """ResNetIdentity / ResNetDiagonal / ResNetFree block (Part 5 §1), bias-free.
 
@@ -108,8 +113,8 @@ class ResBlock(nn.Module):
         a: int,
         b: int,
         c: int | None = None,
-        sigma_in="relu",
-        sigma_out="linear",
+        sigma_in: str | float = "relu",
+        sigma_out: str | float = "linear",
         init_scale: float = 1.0,
         generator: torch.Generator | None = None,
         dtype=torch.float64,
@@ -122,8 +127,8 @@ class ResBlock(nn.Module):
         if kind != "free" and c != a:
             raise FeaturelabError(f"c={c} is not allowed for a {kind} block: its skip needs c = a = {a}")
         self.kind, self.a, self.b, self.c = kind, a, b, c
-        self.leak_in = float(SIGMAS.get(sigma_in, sigma_in))
-        self.leak_out = float(SIGMAS.get(sigma_out, sigma_out))
+        self.leak_in = _slope(sigma_in)
+        self.leak_out = _slope(sigma_out)
         self.V1 = _gaussian(b, a, init_scale, generator, dtype)
         self.V2 = _gaussian(c, b, init_scale, generator, dtype)
         if kind == "free":
