@@ -181,10 +181,12 @@ def sweep_table(cfg: Config, pgd: list[tuple[dict, int]]) -> pd.DataFrame:
                 "reference_fraction_seed1_R50": REFERENCE_FRACTIONS.get(w, np.nan),
                 "best_speed": float(s.max()),
                 "median_speed": float(np.median(s)),
-                "at_half_fraction_of_successes": float((np.abs(s[ok] - 0.5) < 1e-3).mean()) if ok.any() else np.nan,
+                "at_half_fraction_of_successes": float(np.mean([HALF_SPEED.holds(x) for x in s[ok]]))
+                if ok.any()
+                else np.nan,
                 "dead_fraction": float((s < 1e-3).mean()),
                 "min_s2_s1_W1_at_half": min(
-                    (x for sp, x in zip(s, r["s2_s1_W1"]) if abs(sp - 0.5) < 1e-3), default=np.nan
+                    (x for sp, x in zip(s, r["s2_s1_W1"]) if HALF_SPEED.holds(sp)), default=np.nan
                 ),
                 "converged_fraction": float(np.mean(r["converged"])),
                 "best_eig_residual": r["best_eig_residual"],
@@ -271,7 +273,7 @@ def width_claims(cfg: Config, pgd: list[tuple[dict, int]], table: pd.DataFrame) 
             )
         )
     claims.append(monotone_claim(pgd, table))
-    at_half = [x for r, _ in pgd for sp, x in zip(r["speeds"], r["s2_s1_W1"]) if abs(sp - 0.5) < 1e-3]
+    at_half = [x for r, _ in pgd for sp, x in zip(r["speeds"], r["s2_s1_W1"]) if HALF_SPEED.holds(sp)]
     if at_half:
         claims.append(
             threshold_claim(

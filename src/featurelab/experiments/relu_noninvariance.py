@@ -178,7 +178,7 @@ def block_claims(eta_min: float, small: pd.DataFrame, large: pd.DataFrame, halvi
             "... and halve with η: drift(η/2)/drift(η)",
             REF,
             [(h, HALVES) for h in halving],
-            expected="in [0.4, 0.6]",
+            expected=f"in [{HALVES.bound - HALVES.atol:g}, {HALVES.bound + HALVES.atol:g}]",
             measured=[min(halving), max(halving)],
             tolerance="",
             id="equal-pattern-halves",

@@ -264,17 +264,18 @@ def unit_claims(uid: str, res: dict) -> list:
     crossings, reference = res["path_crossings"], res["true_path_crossings"]
     return [
         all_of_claim(
-            f"{tag} check 1: a 2-D bottleneck, s₃/s₁ < 0.05 and s₂/s₁ > 0.05 (centred α̃_ℓ* on test inputs)",
+            f"{tag} check 1: a 2-D bottleneck, s₃/s₁ < {BOTTLENECK:g} and s₂/s₁ > {BOTTLENECK:g} "
+            "(centred α̃_ℓ* on test inputs)",
             ref,
             [(s3, S3_BELOW), (s2, S2_ABOVE)],
-            expected="s₂/s₁ > 0.05, s₃/s₁ < 0.05",
+            expected=f"s₂/s₁ > {BOTTLENECK:g}, s₃/s₁ < {BOTTLENECK:g}",
             measured={"s2/s1": s2, "s3/s1": s3},
             id=f"check1-2d-bottleneck@{uid}",
         ),
         all_of_claim(
             f"[{uid}] check 1 across depth: at least {1 - ALMOST_ALL:g} of the {hidden} hidden layers carry the 2-D "
-            "representation (s₃/s₁ < 0.05 < s₂/s₁); the theory bounds how many layers are not low-dimensional, not "
-            "which",
+            f"representation (s₃/s₁ < {BOTTLENECK:g} < s₂/s₁); the theory bounds how many layers are not "
+            "low-dimensional, not which",
             'Jacot 2023 (arXiv 2305.19008) abstract and Cor. 8 ("almost all hidden representations are approximately '
             'k-dimensional"); docs/bottleneck-rank.md',
             [(share, MOST_LAYERS)],
@@ -295,11 +296,12 @@ def unit_claims(uid: str, res: dict) -> list:
         ),
         *check2_claims(tag, uid, ref, res["r2"]),
         all_of_claim(
-            f"{tag} check 3: relative squared change ‖Δα̃_ℓ*‖²/‖α̃_ℓ* − mean‖² under maps fixing ±u < 0.05, "
-            "random orthogonal > 0.5",
+            f"{tag} check 3: relative squared change ‖Δα̃_ℓ*‖²/‖α̃_ℓ* − mean‖² under maps fixing ±u "
+            f"< {SYMMETRIC_CHANGE.bound:g}, "
+            f"random orthogonal > {CONTROL_CHANGE.bound:g}",
             ref,
             [(sym, SYMMETRIC_CHANGE), (control, CONTROL_CHANGE)],
-            expected="max < 0.05; control > 0.5",
+            expected=f"max < {SYMMETRIC_CHANGE.bound:g}; control > {CONTROL_CHANGE.bound:g}",
             measured={"max symmetric": sym, "control": control},
             id=f"check3-invariance@{uid}",
         ),
@@ -311,15 +313,16 @@ def check2_claims(tag: str, uid: str, ref: str, r2: dict) -> list:
     (cubic-polynomial R² both ways)."""
     return [
         all_of_claim(
-            f"{tag} check 2: cubic R² of Z→|m| >= 0.95, Z→r >= 0.9, (|m|,r)→Z >= 0.95",
+            f"{tag} check 2: cubic R² of Z→|m| >= {R2_ABS_M.bound:g}, Z→r >= {R2_R.bound:g}, "
+            f"(|m|,r)→Z >= {R2_REVERSE.bound:g}",
             ref,
             [(r2["|m|"], R2_ABS_M), (r2["r"], R2_R), (r2["reverse"], R2_REVERSE)],
-            expected="0.95, 0.9, 0.95",
+            expected=f"{R2_ABS_M.bound:g}, {R2_R.bound:g}, {R2_REVERSE.bound:g}",
             measured={k: r2[k] for k in ("|m|", "r", "reverse")},
             id=f"check2-encodes-invariants@{uid}",
         ),
         all_of_claim(
-            f"{tag} check 2: the sign of m is forgotten, cubic R² of Z→signed m < 0.1",
+            f"{tag} check 2: the sign of m is forgotten, cubic R² of Z→signed m < {SIGN_FORGOTTEN.bound:g}",
             ref,
             [(r2["signed m"], SIGN_FORGOTTEN)],
             id=f"check2-forgets-sign@{uid}",
