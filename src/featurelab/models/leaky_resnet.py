@@ -90,7 +90,8 @@ def sigma(A: torch.Tensor) -> torch.Tensor:
 
 
 def euler_steps(A0: torch.Tensor, W: torch.Tensor, rho: torch.Tensor, effective_depth) -> list[torch.Tensor]:
-    """``[A_0, ..., A_L]`` of ``A_l = (1 − ρ_l L̃) A_{l−1} + ρ_l σ(A_{l−1}) W_lᵀ`` (arXiv 2405.17573 §2).
+    """``[A_0, ..., A_L]`` of ``A_l = (1 − ρ_l L̃) A_{l−1} + ρ_l σ(A_{l−1}) W_lᵀ`` (arXiv 2405.17573 §4, the
+    discretization of §2's ODE).
 
     A0: ``N x w`` with W ``L x w x (w+1)`` and ρ ``(L,)``, or stacked members: A0 ``M x N x w``, W
     ``M x L x w x (w+1)``, ρ ``M x L``, L̃ a float or ``(M,)``.
@@ -228,7 +229,7 @@ class LeakyResNet(nn.Module):
         return euler_steps(A0, self.W, rho, self.effective_depth)
 
     def forward(self, X: torch.Tensor, return_layers: bool = False, rho: torch.Tensor | None = None):
-        """X: N x d_in -> Ŷ = A_L V_outᵀ: N x d_out (arXiv 2405.17573 §2); with ``return_layers=True`` a `Forward`
+        """X: N x d_in -> Ŷ = A_L V_outᵀ: N x d_out (arXiv 2405.17573 §4); with ``return_layers=True`` a `Forward`
         with ``output`` Ŷ, ``pre = [A_0, ..., A_L]`` (the representations, N x w) and
         ``act = [σ(A_0), ..., σ(A_{L-1})]`` (N x (w+1), the inputs of the W_l)."""
         reps = self.representations(X, rho=rho)
@@ -242,7 +243,8 @@ class LeakyResNet(nn.Module):
         return list(self.W)
 
     def penalty(self, lam: float, rho: torch.Tensor | None = None) -> torch.Tensor:
-        """R = λ/(2L̃) Σ_l ρ_l ‖W_l‖²_F (+ (λ/2)(‖U_in‖² + ‖V_out‖²) if io is learned), arXiv 2405.17573 §2."""
+        """R = λ/(2L̃) Σ_l ρ_l ‖W_l‖²_F (+ (λ/2)(‖U_in‖² + ‖V_out‖²) if io is learned), the regularized
+        cost of arXiv 2405.17573 §4."""
         rho = self.rho if rho is None else rho
         R = lam / (2 * self.effective_depth) * (rho.to(self.W.dtype) * (self.W**2).sum(dim=(-2, -1))).sum(-1)
         if self.io == "learned":

@@ -1,4 +1,4 @@
-"""Deep fully-connected networks with homogeneous activations (Jacot, arXiv 2306.00394 §2; Jacot et al.,
+"""Deep fully-connected networks with homogeneous activations (Jacot, arXiv 2306.00394 §2 "Setup"; Jacot et al.,
 arXiv 2205.15809; docs/theory/bottleneck-rank.md §1, docs/theory/sparsity.md §1).
 
 Rows are samples: ``model(X)`` maps ``N x d_in`` to ``N x d_out``.
@@ -193,7 +193,7 @@ class MLP(nn.Module):
         return self.penalty(1.0)
 
     def penalty(self, lam) -> torch.Tensor:
-        """The weight decay λ‖θ‖² = λ Σ_l ‖W_l‖²_F of the regularized loss C + λ‖θ‖² (Jacot, arXiv 2306.00394 §2;
+        """The weight decay λ‖θ‖² = λ Σ_l ‖W_l‖²_F of the regularized loss C + λ‖θ‖² (Jacot, arXiv 2306.00394 §2.1;
         docs/theory/bottleneck-rank.md §1), bias columns included; λ a float, or ``(M,)`` for stacked weights
         (result ``(M,)``)."""
         return lam * torch.stack([(W**2).sum((-2, -1)) for W in self.weights]).sum(0)

@@ -1,6 +1,6 @@
 """The Leaky ResNet's L residual steps ``A_l = (1 − ρ_l L̃) A_{l−1} + ρ_l σ(A_{l−1}) W_lᵀ`` as one autograd node with
 the chain rule written out (`ResidualSteps`), the fused CPU kernel of `featurelab.models.leaky_resnet.euler_steps`
-(Jacot & Kaiser, arXiv 2405.17573 §2); tests/test_leaky_fused.py checks it against plain autograd of the formula to
+(Jacot & Kaiser, arXiv 2405.17573 §4); tests/test_leaky_fused.py checks it against plain autograd of the formula to
 1e-12 in float64.
 """
 
