@@ -43,8 +43,9 @@ class Stackable(Protocol):
     """Models whose ``forward`` and ``penalty`` accept every parameter and buffer with a leading member
     axis ``M`` (inputs ``N x d`` shared, or ``M x N x d``; outputs ``M x N x d_out``; penalties ``(M,)``,
     with λ a float or an ``(M,)`` tensor). `member_floats`: the float attributes that may differ between
-    members; they are passed as ``(M,)`` tensors. A class whose ``penalty(λ)`` is λ‖θ‖² over all its
-    parameters may say so with ``penalty_is_squared_norm = True`` (`squared_norm_penalty`)."""
+    members, declared by the class (no other may, `member_floats`); they are passed as ``(M,)`` tensors. A
+    class whose ``penalty(λ)`` is λ‖θ‖² over all its parameters may say so with ``penalty_is_squared_norm =
+    True`` (`squared_norm_penalty`)."""
 
     member_floats: ClassVar[tuple[str, ...]]
 
