@@ -40,7 +40,7 @@ class TrainingUnit:
     the callbacks that add columns to its history (``on_log`` only, so that it can join an ensemble), and
     `certify`: the Clarke-residual tolerance of a certified critical point. When set, the unit is finished three
     ways (`Experiment.finish_trained`): ``finish`` on the trained net (tier "as the paper did"), then
-    `featurelab.training.critical.certify` on a float64 copy, and ``finish`` on the certified net and on the
+    `featurelab.training.certify.certify` on a float64 copy, and ``finish`` on the certified net and on the
     earlier point of its path (for the error bars); the run folder stores the certified parameters
     (`save_certified`)."""
 
@@ -148,7 +148,8 @@ def certified_results(finish: Callable[..., dict], cfg, unit: dict, job: Trainin
     an uncertified unit's claims read "not measured" in tier "certified" whatever they would measure). The
     trained `job.model` is left as it is: `certify` runs on a float64 copy, and the unit folder ``ctx.dir`` gains
     ``certified.safetensors`` and ``certificate.json`` (`save_certified`) either way."""
-    from ..training.critical import certify, stationarity
+    from ..training.certify import certify
+    from ..training.critical import stationarity
 
     objective, lam = job.config.objective, job.config.lam
     t0 = time.perf_counter()

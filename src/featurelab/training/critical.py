@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -59,8 +60,13 @@ class Certificate(Result):
     grad_norm: ``‖∇(C+R)‖``; penalty_grad_norm: ``‖∇R‖``. tolerance; certified: stationarity <= tolerance.
     loss_before, loss_after: ``C + R`` before and after the polish (equal for `stationarity`).
     iterations, hvps, seconds: the optimiser's outer iterations, Hessian-vector products and wall time.
-    method: the optimiser ("none" when only measured). condition: a Lanczos estimate of the Hessian's condition
-    number ``|μ|_max/|μ|_min`` where not certified (None otherwise). detail: for Leaky ResNets under "mse",
+    method: the optimiser ("none" when only measured). clarke: the Clarke residual δ (``featurelab.training.certify``:
+    the smallest stationarity over the slopes at the kinks; equal to `stationarity` without kinks); kinks: how many
+    activation inputs sit at a kink; gap, jacobian_rank, slopes_at_bounds, min_reduced_eigenvalue, kind ("minimum",
+    "saddle" or "undecided"), rule (the certificate's failed rule, "" when certified) and previous_clarke (δ at the
+    earlier point of the path that `certify` keeps) are filled by `certify`. condition: a Lanczos estimate of the
+    Hessian's condition number ``|μ|_max/|μ|_min`` where not certified (None otherwise). detail: for Leaky ResNets
+    under "mse",
     the per-layer residual ``‖W_l − L̃B_lᵀσ(A_{l−1})‖/‖W_l‖`` of the critical-point equation (0 at a critical
     point, arXiv 2405.17573 §2.4) as ``residual``, its maximum, the rescaled Hamiltonians ``ĥ_l`` as
     ``h_rescaled`` and their spread ``h_spread = max_l ĥ_l − min_l ĥ_l`` (`geodesic_diagnostics`).
@@ -79,6 +85,15 @@ class Certificate(Result):
     method: str
     condition: float | None
     detail: dict
+    clarke: float = math.nan
+    kinks: int = 0
+    gap: float = math.inf
+    jacobian_rank: int = 0
+    slopes_at_bounds: int = 0
+    min_reduced_eigenvalue: float | None = None
+    kind: str = "undecided"
+    rule: str = ""
+    previous_clarke: float = math.nan
 
 
 class _Loss(nn.Module):
@@ -115,12 +130,14 @@ class _Problem:
         self.X = data.X_train.cpu().to(torch.float64)
         self.Y = Y.cpu() if Y.dtype in (torch.int64, torch.int32) else Y.cpu().to(torch.float64)
         self.lam, self.hvps = lam, 0
+        self.mode: Callable[[], AbstractContextManager] = nullcontext  # e.g. smoothed or fixed-slope activations
 
     def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
         return {n: t.view(s) for n, t, s in zip(self.names, theta.split(self.sizes), self.shapes)}
 
     def parts(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return functional_call(self.loss, self.unflatten(theta), (self.X, self.Y))
+        with self.mode():
+            return functional_call(self.loss, self.unflatten(theta), (self.X, self.Y))
 
     def evaluate(self, theta: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor, float]:
         """``(C + R, ∇(C + R), ∇R, C)`` at θ."""
@@ -365,6 +382,8 @@ def _certificate(
         method=method,
         condition=condition,
         detail=detail,
+        clarke=clarke,
+        kinks=kinks,
     )
 
 
@@ -412,13 +431,24 @@ def polish(
         raise FeaturelabError(f"max_iterations={max_iterations!r} is not allowed: it must be an integer >= 0")
     t0 = time.perf_counter()
     problem = _Problem(model, data, objective, lam)
-    theta = problem.theta
+    loss_before = problem.evaluate(problem.theta)[0]
+    theta, iterations, hess = minimise(problem, problem.theta, tolerance, max_iterations, max_seconds)
+    seconds = time.perf_counter() - t0
+    return _certificate(problem, theta, tolerance, loss_before, iterations, seconds, METHOD, hess)
+
+
+def minimise(
+    problem: _Problem, theta: torch.Tensor, tolerance: float, max_iterations: int, max_seconds: float | None = None
+):
+    """`polish`'s trust-region Newton-CG on `problem` (whatever activations its `mode` gives) from θ: stops at
+    stationarity <= `tolerance`, after `max_iterations` steps or `max_seconds`, when the trust region is below
+    float64 resolution, or on a stall. Returns ``(θ, iterations, the last Hessian product or None)``."""
+    t0 = time.perf_counter()
     loss, g, gr, cost = problem.evaluate(theta)
-    loss_before = loss
     radius = 1e-3 * max(float(theta.norm()), 1.0)
     hess, iterations, best, window, loss_ref = None, 0, math.inf, 0, loss
     while iterations < max_iterations and (max_seconds is None or time.perf_counter() - t0 < max_seconds):
-        s = _ratio(g, gr, theta, cost, lam)
+        s = _ratio(g, gr, theta, cost, problem.lam)
         if s < STALL_FACTOR * best:
             best, window, loss_ref = s, 0, loss
         elif window == STALL_ITERATIONS:  # a window without progress in stationarity: did the loss move?
@@ -446,5 +476,4 @@ def polish(
             theta = theta + step
             loss, g, gr, cost = new
             hess = None
-    seconds = time.perf_counter() - t0
-    return _certificate(problem, theta, tolerance, loss_before, iterations, seconds, METHOD, hess)
+    return theta, iterations, hess

@@ -1,0 +1,480 @@
+"""Exact critical points of (leaky-)ReLU networks and their certificate (docs/theory/conventions.md, "Exact
+critical points").
+
+The regularised loss ``𝓛 = C + R`` of a ReLU net is piecewise smooth: at a minimiser some activation inputs
+``a_k`` (entries of a layer's pre-activations) sit exactly at the kink 0, and ∇𝓛 jumps there. Clarke
+stationarity replaces the gradient by the set of chain-rule gradients ``∇𝓛_s`` with a slope ``s_k ∈ [a, 1]`` at
+each kink k ∈ K (a = the leak; 0 for ReLU). Writing ``ν_k`` for the cotangent that reaches ``a_k``,
+
+    ∇𝓛_s = g_0 + J_0ᵀ ν,      ν_k = s_k c_k(s),
+
+where ``g_0`` and ``J_0 = ∂a_K/∂θ`` (K x P) are taken with slope 0 at every kink and ``c_k(s)`` is the cotangent
+of the activation's output at k, which depends only on the slopes of kinks downstream of k. So
+``δ_LS = min_ν ‖g_0 + J_0ᵀν‖/‖∇R‖`` (one QR factorisation of J_0ᵀ) is a lower bound of the Clarke residual
+``δ = min_{s∈[a,1]^K} ‖∇𝓛_s‖/‖∇R‖``, and it is δ exactly when the slopes ``s_k = ν_k/c_k(s)`` (solved from the last
+layer backwards: the system is triangular) lie in [a, 1]. On ``M = {a_K = 0}`` every ``𝓛_s`` equals 𝓛, so a
+critical point is a KKT point of 𝓛 on M, and on the tangent space ``null(J_0)`` the Hessian of its Lagrangian is
+``∇²𝓛_{s*}``.
+
+`certify` reaches such a point in float64: a continuation on smoothed activations (softplus_β, β = 10 … 1e7, each
+stage minimised by `critical.minimise`), the kink set read off the last stage (``|a_k| <= 30/β``), then a
+"snap": Newton steps of the KKT system on M (a restoration ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` plus a tangent step by projected
+conjugate gradients on Hessian-vector products of ``𝓛_{s*}``), which converge quadratically. The certificate
+then reports δ, the kink set's identification gap (the smallest ``|a_j|`` off K over the largest on K), J_0's
+rank, the slopes at a bound, and the reduced Hessian's smallest eigenvalue (Lanczos on null(J_0)): a strict
+minimum, a saddle, or undecided. Every step is deterministic: the same input gives the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.optimize import minimize
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..checks import positive
+from ..data.dataset import Dataset
+from .critical import Certificate, _certificate, _Problem, _ratio, minimise
+
+BETAS = (1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7)  # the continuation's smoothing sharpnesses
+STAGE_ITERATIONS = 200  # Newton steps per continuation stage at most
+KINK_WIDTH = 30.0  # K = {|a| <= KINK_WIDTH/β}: softplus_β bends within a few 1/β of 0
+MIN_GAP = 1e6  # identification: min |a| off K over max |a| on K
+SNAP_ITERATIONS = 8
+SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on
+SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
+RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
+METHOD = "softplus continuation + active-set Newton snap, float64"
+
+
+def _leak(func, args, kwargs) -> float | None:
+    """The leak of a leaky-ReLU call (0 for ``torch.relu``/``F.relu``), None for any other function."""
+    if func is torch.relu or func is F.relu:
+        return 0.0
+    if func is F.leaky_relu:
+        return float(args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01))
+    return None
+
+
+class Pieces(TorchFunctionMode):
+    """Every leaky-ReLU call (``torch.relu``, ``F.relu``, ``F.leaky_relu``) of the forward passes run under it, in
+    call order: recorded (`inputs`, `leaks`); smoothed to ``a·z + (1 − a)·softplus(βz)/β`` when `beta` is given; or,
+    with `masks` (one bool mask per call, modulo their number) and `slopes` (K,), ``z ↦ s·z`` with s = the slope at
+    masked entries and the branch slope (1 or a, by the sign of z) elsewhere. `probes` (one tensor per call) are
+    added to the outputs, so ∂𝓛/∂probe is the cotangent ``c`` of each activation output."""
+
+    def __init__(self, beta=None, masks=None, slopes=None, probes=None):
+        super().__init__()
+        self.beta, self.masks, self.slopes, self.probes = beta, masks, slopes, probes
+        self.inputs: list[torch.Tensor] = []
+        self.leaks: list[float] = []
+        counts = [int(m.sum()) for m in masks] if masks is not None else []
+        self.offsets = [sum(counts[:i]) for i in range(len(counts) + 1)]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        leak = _leak(func, args, kwargs)
+        if leak is None:
+            return func(*args, **kwargs)
+        z, i = args[0], len(self.inputs)
+        self.inputs.append(z)
+        self.leaks.append(leak)
+        if self.beta is not None:
+            smooth = F.softplus(z, beta=self.beta, threshold=40.0)
+            return smooth if leak == 0 else leak * z + (1 - leak) * smooth
+        if self.masks is None:
+            return func(*args, **kwargs)
+        return self._sloped(z, leak, i % len(self.masks))
+
+    def _at(self, i: int) -> torch.Tensor:
+        """The slopes of call i's masked entries."""
+        return self.slopes[self.offsets[i] : self.offsets[i + 1]]
+
+    def _sloped(self, z: torch.Tensor, leak: float, i: int) -> torch.Tensor:
+        kink = self.masks[i]
+        slope = torch.where(z.detach() > 0, 1.0, leak).to(z.dtype)
+        if kink.shape == z.shape and bool(kink.any()):
+            slope = slope.masked_scatter(kink, self._at(i).to(z.dtype))
+        out = z * slope
+        return out if self.probes is None else out + self.probes[i]
+
+
+@dataclass
+class Certified:
+    """What `certify` returns: the `certificate`, the slopes s* (K,) at the kink entries (in the order of the
+    masks' True entries), the kink masks (one bool tensor per activation call of a forward pass on the training
+    inputs, in call order) and `previous`, the model's parameters at an earlier point of the path (the last
+    continuation stage) whose Clarke residual is ``certificate.previous_clarke``."""
+
+    certificate: Certificate
+    slopes: torch.Tensor
+    kink_masks: list[torch.Tensor]
+    previous: dict[str, torch.Tensor]
+
+    def slopes_mode(self) -> AbstractContextManager:
+        """A context under which autograd differentiates each activation with the slopes s* at the kink entries
+        (forward values unchanged, up to ``s·a_k`` with ``|a_k|`` at rounding level), so every derivative of σ
+        taken at the certified point (B_l, Hamiltonians, forces) is the one of the Clarke gradient that vanishes.
+        Only entries that are masked and sit at a kink (``|z| <= 1e-10·max|z|``) take s*."""
+        return _AtKinks(self.kink_masks, self.slopes)
+
+
+class _AtKinks(Pieces):
+    """`Pieces` with masks restricted to the entries of each call that are at a kink (safe on other inputs)."""
+
+    def _sloped(self, z: torch.Tensor, leak: float, i: int) -> torch.Tensor:
+        kink, slope = self.masks[i], torch.where(z.detach() > 0, 1.0, leak).to(z.dtype)
+        if kink.shape != z.shape or not bool(kink.any()):
+            return z * slope
+        here = kink & (z.detach().abs() <= 1e-10 * float(z.detach().abs().max()))
+        s = torch.zeros_like(z).masked_scatter(kink, self._at(i).to(z.dtype))
+        return z * torch.where(here, s, slope)
+
+
+# ----------------------------------------------------------------------------------------- kinks
+def activation_inputs(problem: _Problem, theta: torch.Tensor) -> tuple[list[torch.Tensor], list[float]]:
+    """The inputs of every leaky-ReLU call of one forward pass on the training set, and their leaks."""
+    mode = Pieces()
+    saved = problem.mode
+    problem.mode = lambda: mode
+    try:
+        with torch.no_grad():
+            problem.parts(theta)
+    finally:
+        problem.mode = saved
+    return [z.detach() for z in mode.inputs], mode.leaks
+
+
+def identify(inputs: list[torch.Tensor], width: float) -> tuple[list[torch.Tensor], float]:
+    """The kink masks ``|a| <= width`` per call and the identification gap min|a| off K / max|a| on K."""
+    masks = [z.abs() <= width for z in inputs]
+    on = [z.abs()[m] for z, m in zip(inputs, masks)]
+    off = [z.abs()[~m] for z, m in zip(inputs, masks)]
+    top = max((float(t.max()) for t in on if t.numel()), default=0.0)
+    low = min((float(t.min()) for t in off if t.numel()), default=math.inf)
+    return masks, (math.inf if top == 0 else low / top)
+
+
+@dataclass
+class _Multipliers:
+    """The KKT solve at θ for kink masks: J_0ᵀ = QR, ν, the projected gradient r = g_0 + J_0ᵀν, the slopes s,
+    δ_LS, the penalty gradient's norm, a_K, J_0's rank and whether the slopes lie in their box."""
+
+    Q: torch.Tensor
+    R: torch.Tensor
+    slopes: torch.Tensor
+    r: torch.Tensor
+    delta: float
+    penalty_norm: float
+    a_K: torch.Tensor
+    rank: int
+    feasible: bool
+    low: torch.Tensor
+
+
+def _with(problem: _Problem, mode_factory):
+    saved = problem.mode
+    problem.mode = mode_factory
+    return saved
+
+
+def _cut_gradient(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor], K: int):
+    """``(g_0, ∇R, a_K, J_0)`` with slope 0 at every kink; J_0 (K x P) by batched vector-Jacobian products."""
+    zeros = torch.zeros(K, dtype=torch.float64)
+    mode = Pieces(masks=masks, slopes=zeros)
+    saved = _with(problem, lambda: mode)
+    try:
+        t = theta.detach().requires_grad_()
+        cost, pen = problem.parts(t)
+    finally:
+        problem.mode = saved
+    g0 = torch.autograd.grad(cost + pen, t, retain_graph=True)[0]
+    gr = torch.autograd.grad(pen, t, retain_graph=True)[0] if pen.requires_grad else torch.zeros_like(g0)
+    a_K = torch.cat([z[m] for z, m in zip(mode.inputs, masks)]) if K else theta.new_zeros(0)
+    J = theta.new_zeros(K, theta.numel())
+    for start in range(0, K, 256):
+        rows = torch.eye(K, dtype=theta.dtype)[start : start + 256]
+        J[start : start + len(rows)] = torch.autograd.grad(a_K, t, rows, retain_graph=True, is_grads_batched=True)[0]
+    return g0, gr, a_K.detach(), J
+
+
+def _output_cotangents(problem, theta, masks, slopes) -> torch.Tensor:
+    """``c_k(s)``: ∂𝓛_s/∂(activation output) at the kink entries, for slopes `slopes`."""
+    shapes = [m.shape for m in masks]
+    probes = [torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in shapes]
+    saved = _with(problem, lambda: Pieces(masks=masks, slopes=slopes, probes=probes))
+    try:
+        cost, pen = problem.parts(theta.detach())
+    finally:
+        problem.mode = saved
+    grads = torch.autograd.grad(cost + pen, probes, allow_unused=True)
+    return torch.cat([(g if g is not None else torch.zeros(s))[m] for g, s, m in zip(grads, shapes, masks)])
+
+
+def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor], leaks: list[float]):
+    """The KKT multipliers ν = argmin ‖g_0 + J_0ᵀν‖ and the slopes that realise them (module docstring)."""
+    K = sum(int(m.sum()) for m in masks)
+    g0, gr, a_K, J = _cut_gradient(problem, theta, masks, K)
+    low = torch.cat([torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)])
+    Q, R = torch.linalg.qr(J.T)  # P x K, K x K
+    sv = torch.linalg.svdvals(R) if K else R.new_zeros(0)
+    rank = int((sv > RANK_RTOL * float(sv.max())).sum()) if K else 0
+    Qg = Q.T @ g0
+    r = g0 - Q @ Qg
+    slopes = torch.full((K,), 0.5, dtype=torch.float64)
+    if K and rank == K:
+        nu = -torch.linalg.solve_triangular(R, Qg[:, None], upper=True)[:, 0]
+        for _ in range(len(masks) + 1):  # triangular: exact after as many sweeps as there are kinked calls
+            c = _output_cotangents(problem, theta, masks, slopes)
+            new = torch.where(c.abs() > 0, nu / torch.where(c == 0, 1.0, c), slopes)
+            if torch.equal(new, slopes):
+                break
+            slopes = new
+    norm = float(gr.norm()) if problem.lam > 0 else 1.0
+    feasible = rank == K and bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
+    return _Multipliers(Q, R, slopes, r, float(r.norm()) / norm, norm, a_K, rank, feasible, low)
+
+
+def clarke_residual(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[float, torch.Tensor]:
+    """δ and the slopes that attain it: δ_LS when the recovered slopes lie in their box (checked by evaluating
+    ∇𝓛_s directly), else a bounded L-BFGS-B solve from the clipped slopes (an upper bound)."""
+    s = m.slopes.clamp(m.low, torch.ones_like(m.low)) if m.slopes.numel() else m.slopes
+    direct = _sloped_gradient_norm(problem, theta, masks, s) / m.penalty_norm
+    if m.feasible or not s.numel():
+        return direct, s
+    box = list(zip(m.low.tolist(), [1.0] * s.numel()))
+
+    def objective(x: np.ndarray):
+        sl = torch.from_numpy(x).requires_grad_()
+        t = theta.detach().requires_grad_()
+        saved = _with(problem, lambda: Pieces(masks=masks, slopes=sl))
+        try:
+            cost, pen = problem.parts(t)
+        finally:
+            problem.mode = saved
+        (g,) = torch.autograd.grad(cost + pen, t, create_graph=True)
+        q = (g @ g) / m.penalty_norm**2
+        return float(q.detach()), torch.autograd.grad(q, sl)[0].numpy()
+
+    found = minimize(objective, s.numpy(), jac=True, method="L-BFGS-B", bounds=box, options={"maxfun": 200})
+    best = torch.from_numpy(found.x)
+    value = math.sqrt(max(float(found.fun), 0.0))
+    return (value, best) if value < direct else (direct, s)
+
+
+def _sloped_gradient_norm(problem, theta, masks, slopes) -> float:
+    saved = _with(problem, lambda: Pieces(masks=masks, slopes=slopes))
+    try:
+        return float(problem.evaluate(theta)[1].norm())
+    finally:
+        problem.mode = saved
+
+
+# ------------------------------------------------------------------------------------------ snap
+def _project(Q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """v projected on null(J_0) = the orthogonal complement of range(Q)."""
+    return v - Q @ (Q.T @ v)
+
+
+def _projected_cg(hess, Q, rhs: torch.Tensor, max_steps: int) -> tuple[torch.Tensor, bool]:
+    """Solve ``P H P v = rhs`` on null(J_0) by conjugate gradients; stops on negative curvature (flag True)."""
+    v, r = torch.zeros_like(rhs), _project(Q, rhs)
+    d, rr, tol = r.clone(), float(r @ r), 1e-14 * float(rhs.norm()) ** 2
+    for _ in range(max_steps):
+        if rr <= tol:
+            break
+        Hd = _project(Q, hess(d))
+        dHd = float(d @ Hd)
+        if dHd <= 0:
+            return v, True
+        alpha = rr / dHd
+        v, r = v + alpha * d, r - alpha * Hd
+        rr_new = float(r @ r)
+        d, rr = r + (rr_new / rr) * d, rr_new
+    return v, False
+
+
+def snap_step(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[torch.Tensor, bool]:
+    """One Newton step of the KKT system on M: restoration ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` (J_0ᵀ = QR, so
+    ``−Q R⁻ᵀ a_K``) plus the tangent step v ∈ null(J_0) solving ``P∇²𝓛_{s*}P v = −P(r + ∇²𝓛_{s*} d_r)``."""
+    d_r = -m.Q @ torch.linalg.solve_triangular(m.R.T, m.a_K[:, None], upper=False)[:, 0]
+    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
+    try:
+        hess = problem.hessian_at(theta)
+        v, negative = _projected_cg(hess, m.Q, -(m.r + hess(d_r)), min(theta.numel(), 1000))
+    finally:
+        problem.mode = saved
+    return theta + d_r + v, negative
+
+
+def reduced_eigenvalues(problem, theta, masks, m: _Multipliers, steps: int = 60) -> tuple[float, float]:
+    """Lanczos (full reorthogonalisation, seeded start) on ``P∇²𝓛_{s*}P`` restricted to null(J_0): the
+    smallest and largest Ritz values (the extreme eigenvalues converge first)."""
+    n = theta.numel() - m.Q.shape[1]
+    k = max(1, min(steps, n))
+    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
+    try:
+        hess = problem.hessian_at(theta)
+        gen = torch.Generator().manual_seed(0)
+        q = _project(m.Q, torch.randn(theta.numel(), generator=gen, dtype=torch.float64))
+        V, alphas, betas = [q / q.norm()], [], []
+        for j in range(k):
+            w = _project(m.Q, hess(V[j]))
+            alphas.append(float(V[j] @ w))
+            B = torch.stack(V)
+            w = w - B.T @ (B @ w)
+            w = w - B.T @ (B @ w)
+            beta = float(w.norm())
+            if j + 1 == k or beta <= 1e-12 * max(abs(a) for a in alphas):
+                break
+            betas.append(beta)
+            V.append(w / beta)
+    finally:
+        problem.mode = saved
+    T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+    if betas:
+        b = torch.tensor(betas, dtype=torch.float64)
+        T = T + torch.diag(b, 1) + torch.diag(b, -1)
+    mu = torch.linalg.eigvalsh(T)
+    return float(mu.min()), float(mu.max())
+
+
+# ------------------------------------------------------------------------------------- the method
+@dataclass
+class _Snap:
+    theta: torch.Tensor
+    masks: list[torch.Tensor]
+    leaks: list[float]
+    m: _Multipliers
+    delta: float
+    slopes: torch.Tensor
+    rule: str
+    iterations: int
+
+
+def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float) -> tuple[_Snap, _Snap]:
+    """Identify K at the continuation's end, then Newton steps on M until δ <= tolerance/100 (or it stops
+    falling): ``(the start of the snap, its end)``."""
+    inputs, leaks = activation_inputs(problem, theta)
+    masks, _ = identify(inputs, KINK_WIDTH / beta)
+    signs = [z > 0 for z in inputs]
+    m = multipliers(problem, theta, masks, leaks)
+    delta, slopes = clarke_residual(problem, theta, masks, m)
+    start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
+    for it in range(1, SNAP_ITERATIONS + 1):
+        if current.delta <= 1e-2 * tolerance or not m.feasible:
+            break
+        new_theta, negative = snap_step(problem, current.theta, masks, m)
+        new_inputs, _ = activation_inputs(problem, new_theta)
+        flipped = sum(int(((z > 0) != s)[~k].sum()) for z, s, k in zip(new_inputs, signs, masks))
+        if flipped:
+            return start, replace(current, rule=f"{flipped} activation inputs off the kink set changed sign")
+        m = multipliers(problem, new_theta, masks, leaks)
+        delta, slopes = clarke_residual(problem, new_theta, masks, m)
+        if delta >= current.delta and delta > tolerance:
+            return start, replace(current, rule=f"the snap stopped converging (Clarke residual {delta:.2g})")
+        current = _Snap(new_theta, masks, leaks, m, delta, slopes, "curvature < 0 on M" if negative else "", it)
+    return start, current
+
+
+def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float | None) -> tuple[_Snap, _Snap, int]:
+    """Minimise the softplus_β-smoothed loss for β = `BETAS` in turn, each stage from the last one's point, and
+    from β = `SNAP_FROM` on try the snap after each stage; stop at the first snap that reaches δ <= tolerance with
+    feasible slopes. ``(the snap's start, its end, Newton steps of the continuation)``."""
+    steps, t0, theta = 0, time.perf_counter(), problem.theta
+    saved, result = problem.mode, None
+    for beta in BETAS:
+        problem.mode = lambda b=beta: Pieces(beta=b)
+        left = None if max_seconds is None else max(max_seconds - (time.perf_counter() - t0), 1e-3)
+        try:
+            theta, taken, _ = minimise(problem, theta, min(1e-3, 0.1 / beta), STAGE_ITERATIONS, left)
+        finally:
+            problem.mode = saved
+        steps += taken
+        if beta >= SNAP_FROM:
+            result = _snap(problem, theta, beta, tolerance)
+            if not result[1].rule and result[1].delta <= tolerance and result[1].m.feasible:
+                break
+    assert result is not None
+    return result[0], result[1], steps
+
+
+def _verdict(snap: _Snap, gap: float, tolerance: float, low: float, high: float) -> tuple[str, str, int]:
+    """``(kind, rule, slopes at a bound)`` of the certificate from the snap's end."""
+    s, box_low = snap.slopes, snap.m.low
+    at_bounds = int(((s - box_low).abs() <= SLOPE_SLACK).sum() + ((1 - s).abs() <= SLOPE_SLACK).sum())
+    kind = "undecided"
+    if low < -1e-8 * abs(high):
+        kind = "saddle"
+    elif low > 1e-10 * abs(high) and at_bounds == 0:
+        kind = "minimum"
+    K = s.numel()
+    rule = snap.rule
+    if not rule and not snap.m.feasible:
+        rule = (
+            "the kink set's multipliers need slopes outside [leak, 1]" if snap.m.rank == K else "J_0 is rank-deficient"
+        )
+    if not rule and snap.delta > tolerance:
+        rule = f"Clarke residual {snap.delta:.2g} > {tolerance:.2g}"
+    if not rule and K and gap < MIN_GAP:
+        rule = f"identification gap {gap:.2g} < {MIN_GAP:.0e}"
+    if not rule and kind == "saddle":
+        rule = "a saddle: the reduced Hessian has a negative eigenvalue"
+    return kind, rule, at_bounds
+
+
+def certify(
+    model: nn.Module,
+    data: Dataset,
+    objective: str,
+    lam: float,
+    *,
+    tolerance: float = 1e-8,
+    max_seconds: float | None = None,
+) -> Certified:
+    """Move `model` (converted to float64 on the CPU) to an exact critical point of ``C + model.penalty(lam)`` on
+    ``data``'s training set (``N x d_in`` rows) and certify it (module docstring): the continuation, the kink set,
+    the snap, then the certificate. `model` is left at the snap's end; ``certificate.certified`` is True when the
+    Clarke residual δ <= `tolerance`, the slopes realising it lie in [leak, 1], J_0 has full rank, the kink set's
+    identification gap is >= 1e6 (or there are no kinks) and the point is no saddle."""
+    positive("tolerance", tolerance)
+    t0 = time.perf_counter()
+    problem = _Problem(model, data, objective, lam)
+    loss_before = problem.evaluate(problem.theta)[0]
+    start, end, steps = _continue_and_snap(problem, tolerance, max_seconds)
+    inputs, _ = activation_inputs(problem, end.theta)
+    K = end.slopes.numel()
+    width = max((float(z[k].abs().max()) for z, k in zip(inputs, end.masks) if bool(k.any())), default=0.0)
+    gap = identify(inputs, width)[1] if K else math.inf
+    low, high = reduced_eigenvalues(problem, end.theta, end.masks, end.m)
+    kind, rule, at_bounds = _verdict(end, gap, tolerance, low, high)
+    problem.mode = lambda: _AtKinks(masks=end.masks, slopes=end.slopes)
+    base = _certificate(problem, end.theta, tolerance, loss_before, steps + end.iterations, 0.0, METHOD)
+    problem.mode = Pieces
+    _, g, gr, cost = problem.evaluate(end.theta)  # relu'(0) = 0, as autograd differentiates the net
+    cert = replace(
+        base,
+        stationarity=_ratio(g, gr, end.theta, cost, problem.lam),
+        clarke=end.delta,
+        kinks=K,
+        gap=gap,
+        jacobian_rank=end.m.rank,
+        slopes_at_bounds=at_bounds,
+        min_reduced_eigenvalue=low,
+        kind=kind,
+        rule=rule,
+        certified=not rule,
+        previous_clarke=start.delta,
+        seconds=time.perf_counter() - t0,
+    )
+    problem.write(start.theta)
+    previous = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    problem.write(end.theta)
+    return Certified(cert, end.slopes.detach().clone(), [k.clone() for k in end.masks], previous)
