@@ -23,6 +23,7 @@ the units are certified all the same, so that the report gives how far from a cr
 from __future__ import annotations
 
 import copy
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 import numpy as np
@@ -313,28 +314,50 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
     return TrainingUnit(make_model(ucfg, data), data, train_config(ucfg), certify=cfg.certify)
 
 
+@dataclass(frozen=True)
+class UnitResult:
+    """What `finish` measures on one trained net (stored as this dict): its λ, the last history row, the layer
+    steps ρ_l and positions p_l (L and L+1 values), the top-10 singular values of every W_l and of its mean-free
+    form (`mean_free_weights`), every W_l's effective rank, the training time and the step it resumed from."""
+
+    lam: float
+    final: dict
+    rho: list[float]
+    positions: list[float]
+    top_singular_values: list[list[float]]
+    mean_free_singular_values: list[list[float]]
+    effective_ranks: list[int]
+    train_seconds: float
+    resumed_from_step: int | None
+
+    @classmethod
+    def of(cls, result: dict) -> UnitResult:
+        """The fields of a unit's result dict (which the runner extends, e.g. with ``"unhealthy"``)."""
+        return cls(**{f.name: result[f.name] for f in fields(cls)})
+
+
 def finish(cfg: Config, unit: dict, model: LeakyResNet, result, ctx) -> dict:
-    final = result.history.iloc[-1].to_dict()
     W = [w.detach().double().cpu() for w in model.layer_matrices()]
-    return {
-        "lam": unit.get("lam", cfg.lam),
-        "final": final,
-        "rho": model.rho.tolist(),
-        "positions": model.positions.tolist(),
-        "top_singular_values": [singular_values(w, 10).tolist() for w in W],
-        "mean_free_singular_values": [
-            singular_values(w, 10).tolist() for w in mean_free_layer_weights(model, make_data(cfg).X_train)
-        ],
-        "effective_ranks": [effective_rank(w, rtol=0.1) for w in W],
-        "train_seconds": result.seconds,
-        "resumed_from_step": result.resumed_from,
-    }
+    free = mean_free_layer_weights(model, make_data(cfg).X_train)
+    return asdict(
+        UnitResult(
+            lam=unit.get("lam", cfg.lam),
+            final=result.history.iloc[-1].to_dict(),
+            rho=model.rho.tolist(),
+            positions=model.positions.tolist(),
+            top_singular_values=[singular_values(w, 10).tolist() for w in W],
+            mean_free_singular_values=[singular_values(w, 10).tolist() for w in free],
+            effective_ranks=[effective_rank(w, rtol=0.1) for w in W],
+            train_seconds=result.seconds,
+            resumed_from_step=result.resumed_from,
+        )
+    )
 
 
-def unit_f4(cfg: Config, res: dict) -> tuple[list[int], list[str], list[float]]:
+def unit_f4(cfg: Config, r: UnitResult) -> tuple[list[int], list[str], list[float]]:
     """The bottleneck layers of one trained net, their `bottleneck_kind` and their `f4_gap`."""
-    k, mid = bottleneck_rank(cfg), bottleneck_layers(res["positions"])
-    top, free = res["top_singular_values"], res["mean_free_singular_values"]
+    k, mid = bottleneck_rank(cfg), bottleneck_layers(r.positions)
+    top, free = r.top_singular_values, r.mean_free_singular_values
     return (
         mid,
         [bottleneck_kind(top[l - 1], free[l - 1], k) for l in mid],
@@ -347,20 +370,20 @@ def f4_claims(cfg: Config, results: dict[str, dict]) -> list:
     ``f4-bottleneck-gap@lam<λ>`` at each further λ of `lams`."""
     out = []
     for uid, res in results.items():
-        lam = res.get("lam", cfg.lam)
-        _, kinds, gaps = unit_f4(cfg, res)
+        r = UnitResult.of(res)
+        _, kinds, gaps = unit_f4(cfg, r)
         where, cid = (
-            ("", "f4-bottleneck-gap") if lam == cfg.lam else (f" at λ = {lam:g}", f"f4-bottleneck-gap@lam{lam:g}")
+            ("", "f4-bottleneck-gap") if r.lam == cfg.lam else (f" at λ = {r.lam:g}", f"f4-bottleneck-gap@lam{r.lam:g}")
         )
         out.append(f4_claim(bottleneck_rank(cfg), kinds, min(gaps, default=float("nan")), where, cid).rests_on([uid]))
     return out
 
 
-def figure_spectra(cfg: Config, res: dict):
+def figure_spectra(cfg: Config, r: UnitResult):
     k = bottleneck_rank(cfg)
-    mid = bottleneck_layers(res["positions"])
-    p = np.array(res["positions"][:-1])
-    S = np.array([s + [np.nan] * (10 - len(s)) for s in res["top_singular_values"]])
+    mid = bottleneck_layers(r.positions)
+    p = np.array(r.positions[:-1])
+    S = np.array([s + [np.nan] * (10 - len(s)) for s in r.top_singular_values])
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for i in range(S.shape[1]):
         ax.plot(p, S[:, i], marker=".", lw=1, color=plt.cm.viridis(i / 9))
@@ -369,7 +392,7 @@ def figure_spectra(cfg: Config, res: dict):
     ax.set_yscale("log")
     ax.set_xlabel("layer position p (W_l plotted at p_{l-1})")
     ax.set_ylabel("top-10 singular values of W_l")
-    ax.set_title(f"Bottleneck: k* = {k}, L̃ = {cfg.effective_depth:g}, L = {cfg.depth}, λ = {res.get('lam', cfg.lam):g}")
+    ax.set_title(f"Bottleneck: k* = {k}, L̃ = {cfg.effective_depth:g}, L = {cfg.depth}, λ = {r.lam:g}")
     ax.legend(loc="upper right")
     return fig
 
@@ -386,19 +409,19 @@ def figure_training(hist: pd.DataFrame):
     return fig
 
 
-def layer_table(cfg: Config, res: dict) -> pd.DataFrame:
-    k, mid = bottleneck_rank(cfg), bottleneck_layers(res["positions"])
-    S = np.array([s + [np.nan] * (10 - len(s)) for s in res["top_singular_values"]])
+def layer_table(cfg: Config, r: UnitResult) -> pd.DataFrame:
+    k, mid = bottleneck_rank(cfg), bottleneck_layers(r.positions)
+    S = np.array([s + [np.nan] * (10 - len(s)) for s in r.top_singular_values])
     return pd.DataFrame(
         {
             "layer": range(1, cfg.depth + 1),
-            "p": res["positions"][:-1],
-            "rho": res["rho"],
-            "effective_rank": res["effective_ranks"],
+            "p": r.positions[:-1],
+            "rho": r.rho,
+            "effective_rank": r.effective_ranks,
             "bottleneck_layer": [l in mid for l in range(1, cfg.depth + 1)],
-            "gap_k": [spectral_gap(s, k) for s in res["top_singular_values"]],
-            "gap_k_plus_1": [spectral_gap(s, k + 1) for s in res["top_singular_values"]],
-            "gap_k_mean_free": [spectral_gap(s, k) for s in res["mean_free_singular_values"]],
+            "gap_k": [spectral_gap(s, k) for s in r.top_singular_values],
+            "gap_k_plus_1": [spectral_gap(s, k + 1) for s in r.top_singular_values],
+            "gap_k_mean_free": [spectral_gap(s, k) for s in r.mean_free_singular_values],
             **{f"s{i + 1}": S[:, i] for i in range(S.shape[1])},
         }
     )
@@ -407,24 +430,24 @@ def layer_table(cfg: Config, res: dict) -> pd.DataFrame:
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     figures, tables, per_unit = {}, {}, {}
     for uid, res in results.items():
-        tag = "" if res.get("lam", cfg.lam) == cfg.lam else f"_lam{res['lam']:g}"
-        figures[f"bottleneck_spectra{tag}"] = figure_spectra(cfg, res)
+        r = UnitResult.of(res)
+        tag = "" if r.lam == cfg.lam else f"_lam{r.lam:g}"
+        figures[f"bottleneck_spectra{tag}"] = figure_spectra(cfg, r)
         hist = read_csv(
             ctx.dir / "units" / uid / "history.csv", fix="delete that unit folder and run again with --resume"
         )
         figures[f"training_curves{tag}"] = figure_training(hist)
-        tables[f"layers{tag}"] = layer_table(cfg, res)
-        _, kinds, gaps = unit_f4(cfg, res)
-        final = res["final"]
+        tables[f"layers{tag}"] = layer_table(cfg, r)
+        _, kinds, gaps = unit_f4(cfg, r)
         per_unit[uid] = {
-            "lam": res.get("lam", cfg.lam),
+            "lam": r.lam,
             "bottleneck_kinds": kinds,
             "bottleneck_gap_min": min(gaps, default=float("nan")),
-            "effective_ranks": res["effective_ranks"],
-            "final_loss": final["loss"],
-            "final_cost": final["cost"],
-            "final_test_cost": final.get("test_cost"),
-            "train_seconds": res["train_seconds"],
+            "effective_ranks": r.effective_ranks,
+            "final_loss": r.final["loss"],
+            "final_cost": r.final["cost"],
+            "final_test_cost": r.final.get("test_cost"),
+            "train_seconds": r.train_seconds,
         }
     main = next(v for v in per_unit.values() if v["lam"] == cfg.lam) if per_unit else {}
     summary = {"k_star": bottleneck_rank(cfg), **main, "units": per_unit}
