@@ -222,7 +222,8 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
     """The KKT multipliers ν = argmin ‖g_0 + J_0ᵀν‖ and the slopes that realise them (module docstring)."""
     K = sum(int(m.sum()) for m in masks)
     g0, gr, a_K, J = _cut_gradient(problem, theta, masks, K)
-    low = torch.cat([torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)])
+    bounds = [torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)]
+    low = torch.cat([torch.zeros(0, dtype=torch.float64), *bounds])
     Q, R = torch.linalg.qr(J.T)  # P x K, K x K
     sv = torch.linalg.svdvals(R) if K else R.new_zeros(0)
     rank = int((sv > RANK_RTOL * float(sv.max())).sum()) if K else 0
