@@ -6,6 +6,7 @@ identity claim judged twice, a claim about critical points left unmeasured on tr
 parameters that do not give the recorded loss, a report that shows one tier only.
 """
 
+import contextlib
 import json
 from dataclasses import dataclass
 
@@ -195,6 +196,9 @@ class StandIn:
     kink_masks: list
     previous: dict
 
+    def slopes_mode(self):
+        return contextlib.nullcontext()  # a tanh net has no kinks
+
 
 @dataclass(frozen=True)
 class StandInCertificate:
@@ -217,10 +221,10 @@ def stand_in_certify(model, data, objective, lam, *, tolerance=1e-8, max_seconds
 
 @pytest.fixture(scope="module")
 def tiered_run(tmp_path_factory):
-    from featurelab.training import critical
+    from featurelab.training import certify
 
     patch = pytest.MonkeyPatch()
-    patch.setattr(critical, "certify", stand_in_certify, raising=False)
+    patch.setattr(certify, "certify", stand_in_certify)
     run = tmp_path_factory.mktemp("tiers") / "run"
     try:
         run_experiment(TIERED.name, out=run, workers=1, progress=False)
@@ -268,12 +272,8 @@ def test_claims_json_and_the_report_carry_both_tiers(tiered_run):
 
 
 def test_certify_on_a_relu_net_stores_what_gives_its_recorded_loss_bit_for_bit(tmp_path):
-    """The method itself (`featurelab.training.critical.certify`) on a ReLU net with kinks: the folder's
+    """The method itself (`featurelab.training.certify.certify`) on a ReLU net with kinks: the folder's
     parameters give the certificate's loss to the last bit, and its slopes lie in [0, 1], one per kink entry."""
-    from featurelab.training import critical
-
-    if not hasattr(critical, "certify"):
-        pytest.skip("featurelab.training.critical has no certify in this build")
     job = tier_build(TierConfig(steps=200), {"id": "a"})
     job = TrainingUnit(MLP(4, 4, 6, 3, seed=0, dtype=torch.float64), job.data, job.config, certify=1e-8)
     result = train(job.model, job.data, job.config, run_dir=tmp_path, progress=False)

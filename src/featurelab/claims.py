@@ -30,7 +30,7 @@ class Claim:
     stationarity: tier "as the paper did": the largest stationarity ``‖∇(C+R)‖/‖∇R‖`` of the trained nets the
         claim rests on (None where the run certifies nothing).
     certified_passed, certified_measured, certified_margin, certified_reason: tier "certified", the same claim
-        measured on the certified nets (`featurelab.training.critical.certify`): it passes only when every
+        measured on the certified nets (`featurelab.training.certify.certify`): it passes only when every
         unit it rests on is certified and its margin exceeds `error_bar`; None ("not measured") with
         `certified_reason` otherwise (the failed rule of an uncertified unit, an unhealthy unit, an undefined
         quantity). Empty where the run certifies nothing; identity claims have only the first tier.
