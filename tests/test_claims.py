@@ -10,7 +10,16 @@ import math
 
 import pytest
 
-from featurelab.claims import claim, claim_from_check, margin, tally, threshold_claim
+from featurelab.claims import (
+    Threshold,
+    all_of_claim,
+    boolean_claim,
+    claim,
+    claim_from_check,
+    margin,
+    tally,
+    threshold_claim,
+)
 from featurelab.results import Check
 from featurelab.runs.report import render_report
 from featurelab.runs.runner import RunRecord, _claim_gate
@@ -57,6 +66,44 @@ def test_a_measurement_just_outside_its_tolerance_fails(rtol):
     assert le.passed is False and claim_from_check("below 4", "ref", le).margin < 0
     inside = bound * (1 + 0.9 * rtol)
     assert threshold_claim("close to 4", "ref", inside, bound, "==", rtol=rtol).margin == pytest.approx(0.1, rel=1e-9)
+
+
+# ------------------------------------------------------------------- one comparison, both answers
+@pytest.mark.parametrize("relation, inside", [("<", 1.5), (">", 2.5)])
+def test_a_strict_threshold_fails_at_its_bound(relation, inside):
+    """ "<" and ">" exclude their bound (margin 0, verdict FAIL); "<=" and ">=" include it."""
+    th = Threshold(2.0, relation)
+    assert th.margin(2.0) == 0.0 and th.holds(2.0) is False and th.holds(inside) is True
+    assert Threshold(2.0, relation + "=").holds(2.0) is True
+    c = threshold_claim("at a strict bound", "ref", 2.0, th)
+    assert c.passed is False and c.margin == 0.0 and c.expected == f"{relation} 2"
+
+
+def test_all_of_claim_takes_the_smallest_margin_and_fails_on_nan():
+    """Three comparisons: margins 0.25, -0.5 and 0.1 (binary-exact): the claim fails by the worst one; a NaN among
+    them (a quantity the run could not measure) fails with no margin; no comparison at all fails."""
+    pairs = [(2.5, Threshold(2.0, ">=")), (3.0, Threshold(2.0, "<=")), (1.05, Threshold(1.0, "==", atol=0.0625))]
+    assert [th.margin(v) for v, th in pairs] == pytest.approx([0.25, -0.5, 0.2])
+    c = all_of_claim("three at once", "ref", pairs, expected="all three", measured=[2.5, 3.0, 1.05])
+    assert c.passed is False and c.margin == pytest.approx(-0.5)
+    assert all_of_claim("two", "ref", [pairs[0], pairs[2]], expected="e").margin == pytest.approx(0.2)
+    nan = all_of_claim("nan", "ref", [*pairs[:1], (math.nan, Threshold(1.0))], expected="e")
+    assert nan.passed is False and nan.margin is None
+    assert all_of_claim("none", "ref", [], expected="e").passed is False
+
+
+def test_one_comparison_claim_reports_its_threshold():
+    c = all_of_claim("one", "ref", [(0.5, Threshold(1.0, "==", rtol=0.25, atol=0.25))])
+    assert (c.expected, c.measured, c.tolerance) == ("== 1", "0.5", "rtol=0.25, atol=0.25")
+    assert c.passed is True and c.margin == pytest.approx(0.0)  # |0.5 - 1| = 0.5 = 0.25 + 0.25·1: at the edge
+
+
+def test_boolean_claim_has_no_margin_and_thresholds_check_their_relation():
+    c = boolean_claim("a construction exists", "ref", "yes", "yes", True, kind="identity")
+    assert c.passed is True and c.margin is None and c.kind == "identity"
+    with pytest.raises(ValueError, match="relation must be one of"):
+        Threshold(1.0, "=<")
+    assert Threshold(1.0, ">=").at(3.0) == Threshold(3.0, ">=")
 
 
 def test_margin_closed_forms():
