@@ -304,7 +304,8 @@ EXPERIMENT = Experiment(
     name="alignment",
     summary="The linear tail of a ReLU net trained with the logistic loss on separable data tends to rank one and "
     "its adjacent layers align, above the derived Theorem 2 bound.",
-    reference=REF,
+    reference="Le & Jegelka 2022, Training Invariances and the Low-Rank Phenomenon (ICLR 2022, arXiv 2201.11968), "
+    "Theorem 2 eq. (15), Corollary 1; docs/theory/invariances.md §6b",
     config=Config,
     presets=PRESETS,
     units=units,

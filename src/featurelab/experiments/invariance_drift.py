@@ -307,7 +307,8 @@ EXPERIMENT = Experiment(
     name="invariances",
     summary="Vertex-wise, matrix-wise (stably active) and cut invariants of FC, conv and ResNet nets drift only "
     "by the exact η² GD term: O(η) at fixed τ; a non-cut norm difference is not conserved.",
-    reference=REF,
+    reference="Le & Jegelka 2022, Training Invariances and the Low-Rank Phenomenon (ICLR 2022, arXiv 2201.11968), "
+    "Lemmas 2-3, Theorem 1; docs/theory/invariances.md §6a",
     config=Config,
     presets=PRESETS,
     units=units,

@@ -281,7 +281,8 @@ EXPERIMENT = Experiment(
     name="relu-noninvariance",
     summary="Gram differences between ReLU units are not conserved (they move at the rate Φ of Lemma 4), while "
     "linear-linear and diagonal entries drift only by the O(η) GD term.",
-    reference=REF,
+    reference="Le & Jegelka 2022, Training Invariances and the Low-Rank Phenomenon (ICLR 2022, arXiv 2201.11968), "
+    "Lemma 4; docs/theory/invariances.md §6c",
     config=Config,
     presets=PRESETS,
     units=units,
