@@ -266,7 +266,8 @@ def test_claims_json_and_the_report_carry_both_tiers(tiered_run):
     render_report(tiered_run)  # `featurelab report` rebuilds it from the folder
     html = (tiered_run / "report.html").read_text()
     assert "Certified: 1 of 1 pass." in html and "<th>as the paper did</th>" in html
-    head, checks = html.split("<h2>Checks of the code</h2>")
+    assert "<h2>Certificates</h2>" in html and html.count("<tr><td>a</td><td>True</td>") == 1
+    head, checks = html.split("<h2>Certificates</h2>")[0].split("<h2>Checks of the code</h2>")
     assert "<th>certified</th>" in head and "<th>certified</th>" not in checks  # identity claims: one tier
     assert f"<td>{fmt_error_bar(loss['error_bar'])}</td>" in html and fmt_error_bar(-0.001) == "±0.1%"
 

@@ -183,6 +183,7 @@ def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
                 + "".join(f"<li><code>{_esc(k)}</code>: {_esc(v)}</li>" for k, v in entries.items())
                 + "</ul>"
             )
+    parts += certificates_html(run)
     if results.get("notes"):
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_esc(n)}</li>" for n in results["notes"]) + "</ul>")
     parts += figures_html(run) + tables_html(run)
@@ -196,6 +197,34 @@ def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
     path = run / "report.html"
     write_text(path, "\n".join(parts))
     return path
+
+
+CERTIFICATE_COLUMNS = ("certified", "clarke", "previous_clarke", "stationarity", "kinks", "gap", "jacobian_rank")
+CERTIFICATE_COLUMNS += ("slopes_at_bounds", "min_reduced_eigenvalue", "kind", "rule", "seconds")
+
+
+def certificates_html(folder: Path) -> list[str]:
+    """The certificates of the run's certified units (``units/<id>/certificate.json``), one row each: whether
+    certified, the Clarke residual δ and the earlier point's, the kink set's size and identification gap, the
+    constraint Jacobian's rank, slopes at their bounds, the reduced Hessian's smallest eigenvalue, the kind of
+    point, the failed rule and the seconds certification took."""
+    paths = sorted((folder / "units").glob("*/certificate.json")) if (folder / "units").exists() else []
+    if not paths:
+        return []
+    rows = []
+    for path in paths:
+        cert = read_json(path, kind=dict, fix=FIX)
+        cells = "".join(
+            f"<td>{_esc(fmt(cert.get(k), 3) if cert.get(k) is not None else '')}</td>" for k in CERTIFICATE_COLUMNS
+        )
+        rows.append(f"<tr><td>{_esc(path.parent.name)}</td>{cells}</tr>")
+    head = "".join(f"<th>{_esc(k)}</th>" for k in ("unit", *CERTIFICATE_COLUMNS))
+    return [
+        "<h2>Certificates</h2><p>Each certified unit's critical point (<code>units/&lt;id&gt;/certified.safetensors"
+        "</code>, <code>certificate.json</code>): δ is the Clarke residual; a unit passes when δ meets its "
+        "tolerance and no rule failed.</p>",
+        f"<table><tr>{head}</tr>{''.join(rows)}</table>",
+    ]
 
 
 def _timings(seconds: dict, certify: dict) -> str:
