@@ -132,13 +132,15 @@ class Experiment(Generic[C]):
         trained = with_health(self.finish(cfg, unit, job.model, result, ctx), job, result.history)
         if job.certify is None or trained.get("unhealthy"):
             return trained
+        t0 = time.perf_counter()
         try:
             return {**trained, **certified_results(self.finish, cfg, unit, job, result, ctx)}
         except WriteError:
             raise
         except Exception as exc:  # the paper tier stands; the certified tier says why it is missing
             first = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
-            return {**trained, "certificate": {"certified": False, "rule": f"certification failed: {first}"}}
+            failed = {"certified": False, "rule": f"certification failed: {first}"}
+            return {**trained, "certificate": failed, "certify_seconds": time.perf_counter() - t0}
 
 
 def certified_results(finish: Callable[..., dict], cfg, unit: dict, job: TrainingUnit, result, ctx: UnitContext):
