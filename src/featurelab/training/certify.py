@@ -41,13 +41,15 @@ from torch.overrides import TorchFunctionMode
 
 from ..checks import positive
 from ..data.dataset import Dataset
-from .critical import Certificate, _certificate, _Problem, _ratio, minimise
+from ..runtime import float64_copy
+from .critical import Certificate, _certificate, _denominator, _Problem, _ratio, minimise
 
 BETAS = (1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7)  # the continuation's smoothing sharpnesses
 STAGE_ITERATIONS = 200  # Newton steps per continuation stage at most
 KINK_WIDTH = 30.0  # K = {|a| <= KINK_WIDTH/β}: softplus_β bends within a few 1/β of 0
 MIN_GAP = 1e6  # identification: min |a| off K over max |a| on K
 SNAP_ITERATIONS = 8
+SNAP_FLOOR = 1e-14  # the snap stops at this Clarke residual (rounding), or when δ stops falling
 SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
@@ -123,7 +125,7 @@ class Certified:
         (forward values unchanged, up to ``s·a_k`` with ``|a_k|`` at rounding level), so every derivative of σ
         taken at the certified point (B_l, Hamiltonians, forces) is the one of the Clarke gradient that vanishes.
         Only entries that are masked and sit at a kink (``|z| <= 1e-10·max|z|``) take s*."""
-        return _AtKinks(self.kink_masks, self.slopes)
+        return _AtKinks(masks=self.kink_masks, slopes=self.slopes)
 
 
 class _AtKinks(Pieces):
@@ -196,6 +198,7 @@ def _cut_gradient(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tens
     finally:
         problem.mode = saved
     g0 = torch.autograd.grad(cost + pen, t, retain_graph=True)[0]
+    problem.cost = float(cost.detach())
     gr = torch.autograd.grad(pen, t, retain_graph=True)[0] if pen.requires_grad else torch.zeros_like(g0)
     a_K = torch.cat([z[m] for z, m in zip(mode.inputs, masks)]) if K else theta.new_zeros(0)
     J = theta.new_zeros(K, theta.numel())
@@ -238,16 +241,23 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
             if torch.equal(new, slopes):
                 break
             slopes = new
-    norm = float(gr.norm()) if problem.lam > 0 else 1.0
+    norm = _denominator(gr, theta, problem.cost, problem.lam)
     feasible = rank == K and bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
-    return _Multipliers(Q, R, slopes, r, float(r.norm()) / norm, norm, a_K, rank, feasible, low)
+    return _Multipliers(Q, R, slopes, r, _over(float(r.norm()), norm), norm, a_K, rank, feasible, low)
+
+
+def _over(x: float, norm: float) -> float:
+    """x/norm, with 0/0 = 0 (a critical point where the penalty's force vanishes too) and x/0 = inf."""
+    if x == 0:
+        return 0.0
+    return x / norm if norm > 0 else math.inf
 
 
 def clarke_residual(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[float, torch.Tensor]:
     """δ and the slopes that attain it: δ_LS when the recovered slopes lie in their box (checked by evaluating
     ∇𝓛_s directly), else a bounded L-BFGS-B solve from the clipped slopes (an upper bound)."""
     s = m.slopes.clamp(m.low, torch.ones_like(m.low)) if m.slopes.numel() else m.slopes
-    direct = _sloped_gradient_norm(problem, theta, masks, s) / m.penalty_norm
+    direct = _over(_sloped_gradient_norm(problem, theta, masks, s), m.penalty_norm)
     if m.feasible or not s.numel():
         return direct, s
     box = list(zip(m.low.tolist(), [1.0] * s.numel()))
@@ -261,7 +271,7 @@ def clarke_residual(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[f
         finally:
             problem.mode = saved
         (g,) = torch.autograd.grad(cost + pen, t, create_graph=True)
-        q = (g @ g) / m.penalty_norm**2
+        q = (g @ g) / max(m.penalty_norm, 1e-300) ** 2
         return float(q.detach()), torch.autograd.grad(q, sl)[0].numpy()
 
     found = minimize(objective, s.numpy(), jac=True, method="L-BFGS-B", bounds=box, options={"maxfun": 200})
@@ -370,7 +380,7 @@ def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float)
     delta, slopes = clarke_residual(problem, theta, masks, m)
     start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
     for it in range(1, SNAP_ITERATIONS + 1):
-        if current.delta <= 1e-2 * tolerance or not m.feasible:
+        if current.delta <= SNAP_FLOOR or not m.feasible:
             break
         new_theta, negative = snap_step(problem, current.theta, masks, m)
         new_inputs, _ = activation_inputs(problem, new_theta)
@@ -379,8 +389,11 @@ def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float)
             return start, replace(current, rule=f"{flipped} activation inputs off the kink set changed sign")
         m = multipliers(problem, new_theta, masks, leaks)
         delta, slopes = clarke_residual(problem, new_theta, masks, m)
-        if delta >= current.delta and delta > tolerance:
-            return start, replace(current, rule=f"the snap stopped converging (Clarke residual {delta:.2g})")
+        if it > 1 and delta >= current.delta:  # at rounding level, or diverging (the first step restores a_K = 0)
+            stalled = current.delta > tolerance
+            return start, replace(
+                current, rule=f"the snap stopped converging (Clarke residual {delta:.2g})" if stalled else ""
+            )
         current = _Snap(new_theta, masks, leaks, m, delta, slopes, "curvature < 0 on M" if negative else "", it)
     return start, current
 
@@ -431,6 +444,57 @@ def _verdict(snap: _Snap, gap: float, tolerance: float, low: float, high: float)
     return kind, rule, at_bounds
 
 
+def _examine(problem: _Problem, end: _Snap, tolerance: float, loss_before: float, iterations: int) -> Certificate:
+    """The certificate of the point `end.theta` with its kink set, multipliers and Clarke residual: the gap, the
+    reduced Hessian's extreme eigenvalues, the verdict; `detail` (a Leaky ResNet's per-layer residuals and ĥ_l)
+    differentiates σ with the slopes s* at the kinks; `stationarity` with relu'(0) = 0, as autograd does."""
+    inputs, _ = activation_inputs(problem, end.theta)
+    K = end.slopes.numel()
+    width = max((float(z[k].abs().max()) for z, k in zip(inputs, end.masks) if bool(k.any())), default=0.0)
+    gap = identify(inputs, width)[1] if K else math.inf
+    low, high = reduced_eigenvalues(problem, end.theta, end.masks, end.m)
+    kind, rule, at_bounds = _verdict(end, gap, tolerance, low, high)
+    saved = _with(problem, lambda: _AtKinks(masks=end.masks, slopes=end.slopes))
+    try:
+        base = _certificate(problem, end.theta, tolerance, loss_before, iterations, 0.0, METHOD)
+    finally:
+        problem.mode = saved
+    _, g, gr, cost = problem.evaluate(end.theta)
+    return replace(
+        base,
+        stationarity=_ratio(g, gr, end.theta, cost, problem.lam),
+        clarke=end.delta,
+        kinks=K,
+        gap=gap,
+        jacobian_rank=end.m.rank,
+        slopes_at_bounds=at_bounds,
+        min_reduced_eigenvalue=low,
+        kind=kind,
+        rule=rule,
+        certified=not rule,
+    )
+
+
+def certificate_at(
+    model: nn.Module, data: Dataset, objective: str, lam: float, *, kink_rtol: float = 1e-10, tolerance: float = 1e-8
+) -> Certified:
+    """The certificate of `model`'s parameters as they are (a float64 copy is examined; nothing moves): the kink
+    set ``|a| <= kink_rtol·max|a|`` per activation call, the Clarke residual, gap, rank, slopes and verdict, as
+    `certify` judges its end point. A point that is not critical, or a saddle, is refused with its rule."""
+    positive("tolerance", tolerance)
+    t0 = time.perf_counter()
+    problem = _Problem(float64_copy(model).requires_grad_(True), data, objective, lam)
+    theta = problem.theta
+    inputs, leaks = activation_inputs(problem, theta)
+    masks = [z.abs() <= kink_rtol * float(z.abs().max()) if z.numel() else z.bool() for z in inputs]
+    m = multipliers(problem, theta, masks, leaks)
+    delta, slopes = clarke_residual(problem, theta, masks, m)
+    point = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
+    cert = _examine(problem, point, tolerance, problem.evaluate(theta)[0], 0)
+    cert = replace(cert, method="none", previous_clarke=delta, seconds=time.perf_counter() - t0)
+    return Certified(cert, slopes, masks, {k: v.detach().clone() for k, v in problem.loss.model.state_dict().items()})
+
+
 def certify(
     model: nn.Module,
     data: Dataset,
@@ -450,31 +514,8 @@ def certify(
     problem = _Problem(model, data, objective, lam)
     loss_before = problem.evaluate(problem.theta)[0]
     start, end, steps = _continue_and_snap(problem, tolerance, max_seconds)
-    inputs, _ = activation_inputs(problem, end.theta)
-    K = end.slopes.numel()
-    width = max((float(z[k].abs().max()) for z, k in zip(inputs, end.masks) if bool(k.any())), default=0.0)
-    gap = identify(inputs, width)[1] if K else math.inf
-    low, high = reduced_eigenvalues(problem, end.theta, end.masks, end.m)
-    kind, rule, at_bounds = _verdict(end, gap, tolerance, low, high)
-    problem.mode = lambda: _AtKinks(masks=end.masks, slopes=end.slopes)
-    base = _certificate(problem, end.theta, tolerance, loss_before, steps + end.iterations, 0.0, METHOD)
-    problem.mode = Pieces
-    _, g, gr, cost = problem.evaluate(end.theta)  # relu'(0) = 0, as autograd differentiates the net
-    cert = replace(
-        base,
-        stationarity=_ratio(g, gr, end.theta, cost, problem.lam),
-        clarke=end.delta,
-        kinks=K,
-        gap=gap,
-        jacobian_rank=end.m.rank,
-        slopes_at_bounds=at_bounds,
-        min_reduced_eigenvalue=low,
-        kind=kind,
-        rule=rule,
-        certified=not rule,
-        previous_clarke=start.delta,
-        seconds=time.perf_counter() - t0,
-    )
+    cert = _examine(problem, end, tolerance, loss_before, steps + end.iterations)
+    cert = replace(cert, previous_clarke=start.delta, seconds=time.perf_counter() - t0)
     problem.write(start.theta)
     previous = {k: v.detach().clone() for k, v in model.state_dict().items()}
     problem.write(end.theta)

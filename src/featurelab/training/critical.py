@@ -129,7 +129,7 @@ class _Problem:
         Y = data.Y_train
         self.X = data.X_train.cpu().to(torch.float64)
         self.Y = Y.cpu() if Y.dtype in (torch.int64, torch.int32) else Y.cpu().to(torch.float64)
-        self.lam, self.hvps = lam, 0
+        self.lam, self.hvps, self.cost = lam, 0, math.nan
         self.mode: Callable[[], AbstractContextManager] = nullcontext  # e.g. smoothed or fixed-slope activations
 
     def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -1,0 +1,152 @@
+"""Exact critical points of ReLU networks (`featurelab.training.certify`): a kinked minimiser known in closed form,
+points that must be refused (not stationary, a saddle), the snap on small nets, the Clarke residual against an
+independent bounded least-squares solve, determinism, and the slopes' mode."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import lsq_linear
+
+from featurelab.data import Dataset, bottleneck_teacher
+from featurelab.models import MLP, LeakyResNet
+from featurelab.training import Phase, TrainConfig, train
+from featurelab.training.certify import certificate_at, certify
+
+F64 = torch.float64
+
+
+def kinked_data() -> Dataset:
+    """x₁ = (1, 0) → 1, x₂ = (0, 1) → 0: for f(x) = v·relu(w·x) with λ(v² + ‖w‖²) the minimiser has w₂ = 0 exactly
+    (w₂ > 0 adds output and penalty, w₂ < 0 adds penalty), so x₂'s pre-activation sits at the kink, and
+    v = w₁ = ±√(1 − 2λ) (minimise ½(t² − 1)² + 2λt²)."""
+    X = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    Y = torch.tensor([[1.0], [0.0]])
+    return Dataset(X, Y, X[:0], Y[:0])
+
+
+def trained(net, data, lam, steps=1500, lr=3e-3):
+    cfg = TrainConfig(
+        lam=lam, log_every=steps, checkpoint_every=0, phases=[Phase(optimizer="adam", steps=steps, lr=lr)]
+    )
+    train(net, data, cfg, progress=False)
+    return net
+
+
+def test_kinked_minimiser_in_closed_form():
+    lam = 0.05
+    net = MLP(2, 1, 1, 2, seed=3)
+    with torch.no_grad():  # start near the minimiser, on the side w₂ > 0 where the kink is reached from
+        net.weights[0].copy_(torch.tensor([[0.8, 0.1]], dtype=F64))
+        net.weights[1].copy_(torch.tensor([[0.8]], dtype=F64))
+    found = certify(net, kinked_data(), "mse", lam)
+    c = found.certificate
+    t = math.sqrt(1 - 2 * lam)
+    w = net.weights[0].detach()
+    assert c.certified and c.kinks == 1 and c.clarke <= 1e-12 and c.kind == "minimum", c
+    assert abs(float(w[0, 1])) <= 1e-14 and abs(float(w[0, 0]) - t) <= 1e-12
+    assert abs(float(net.weights[1].detach()[0, 0]) - t) <= 1e-12
+    assert c.loss_after == pytest.approx(0.5 * (t * t - 1) ** 2 + 2 * lam * t * t, abs=1e-14)
+
+
+def test_a_point_that_is_not_critical_is_refused():
+    data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
+    net = MLP(4, 4, 8, 3, seed=1)
+    c = certificate_at(net, data, "mse", 0.01).certificate
+    assert not c.certified and c.clarke > 1e-3 and "Clarke residual" in c.rule
+
+
+def test_a_saddle_is_refused():
+    """θ = 0 of a two-layer linear net: ∇𝓛 = 0, and the Hessian's block [[2λ, −G], [−Gᵀ, 2λ]] (G = the data's
+    cross-covariance) has the negative eigenvalue 2λ − σ_max(G)."""
+    data = bottleneck_teacher((3, 3, 3), hidden=8, n_train=32, n_test=8)
+    net = MLP(3, 3, 3, 2, leak=1.0, seed=0)
+    with torch.no_grad():
+        for W in net.weights:
+            W.zero_()
+    c = certificate_at(net, data, "mse", 1e-3).certificate
+    assert c.clarke == 0 and c.kind == "saddle" and not c.certified and "saddle" in c.rule
+    assert c.min_reduced_eigenvalue is not None and c.min_reduced_eigenvalue < 0
+
+
+def small_mlp():
+    data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
+    return trained(MLP(4, 4, 6, 2, seed=0, dtype=F64), data, 0.02, steps=800, lr=1e-2), data
+
+
+def test_snap_on_a_small_mlp_and_the_same_bits_twice():
+    net, data = small_mlp()
+    a, b = MLP(4, 4, 6, 2, dtype=F64), MLP(4, 4, 6, 2)
+    a.load_state_dict(net.state_dict())
+    b.load_state_dict(net.state_dict())
+    first, second = certify(a, data, "mse", 0.02), certify(b, data, "mse", 0.02)
+    c = first.certificate
+    assert c.certified and c.clarke <= 1e-12 and c.kinks > 0 and c.gap >= 1e6, c
+    assert c.jacobian_rank == c.kinks and c.kind in ("minimum", "undecided")
+    # the same input, the same point (to rounding: MKL's float64 products may round differently with the
+    # memory alignment of the operands)
+    assert all(torch.allclose(p, q, rtol=0, atol=1e-14) for p, q in zip(a.parameters(), b.parameters()))
+    assert torch.allclose(first.slopes, second.slopes, rtol=0, atol=1e-10)
+    # the certified point, examined as it is, passes the same certificate
+    again = certificate_at(a, data, "mse", 0.02).certificate
+    assert again.certified and again.kinks == c.kinks and again.clarke <= 1e-12
+
+
+def test_clarke_residual_against_bounded_least_squares():
+    """One hidden layer: ∇𝓛_s is affine in the slopes s at the kinks, ∇_{W₁}𝓛_s = ((G W₂) ⊙ D_s)ᵀX + 2λW₁ with
+    D_s the ReLU derivative (s at the kinks) and G = ∂C/∂f; the other gradients do not depend on s. Built by hand
+    and minimised over s ∈ [0, 1]^K by scipy's bounded least squares, it gives the certificate's δ."""
+    net, data = small_mlp()
+    lam = 0.02
+    certify(net, data, "mse", lam)
+    found = certificate_at(net, data, "mse", lam)
+    X, Y = data.X_train.numpy(), data.Y_train.numpy()
+    W1, W2 = (W.detach().numpy() for W in net.weights)
+    Z = X @ W1.T
+    G = 2 * (np.maximum(Z, 0) @ W2.T - Y) / len(Y)  # ∂C/∂f of C = (1/N)‖f(X) − Y‖²_F
+    back = G @ W2  # N x h
+    mask = found.kink_masks[0].numpy()
+    D = (Z > 0).astype(float) * ~mask  # slope 0 at the kinks in the base; s adds through the columns
+    base = np.concatenate([((back * D).T @ X + 2 * lam * W1).ravel(), (G.T @ np.maximum(Z, 0) + 2 * lam * W2).ravel()])
+    cols = []
+    for n, i in zip(*np.nonzero(mask)):
+        col = np.zeros_like(W1)
+        col[i] = back[n, i] * X[n]
+        cols.append(np.concatenate([col.ravel(), np.zeros(W2.size)]))
+    A = np.stack(cols, 1)
+    penalty = 2 * lam * np.concatenate([W1.ravel(), W2.ravel()])
+    ls = lsq_linear(A, -base, bounds=(0, 1), method="bvls", tol=1e-15)
+    delta = np.linalg.norm(A @ ls.x + base) / np.linalg.norm(penalty)
+    assert found.certificate.clarke == pytest.approx(delta, abs=1e-12)
+    assert found.certificate.clarke <= 1e-12
+
+
+def test_slopes_mode_makes_the_clarke_gradient_vanish():
+    net, data = small_mlp()
+    found = certify(net, data, "mse", 0.02)
+    params = list(net.parameters())
+
+    def grad_norm():
+        cost = ((net(data.X_train) - data.Y_train) ** 2).sum() / len(data.Y_train)
+        loss = cost + net.penalty(0.02)
+        return float(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]).norm())
+
+    plain = grad_norm()
+    with found.slopes_mode():
+        at_kinks = grad_norm()
+    assert at_kinks <= 1e-10 * float(torch.cat([p.reshape(-1) for p in params]).norm())
+    assert plain > 1e3 * at_kinks  # relu'(0) = 0 leaves a residual at the kinks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_snap_on_small_leaky_resnets(seed):
+    """N = 64, w = 12, L = 6, L̃ = 2, λ = 0.02: each seed reaches a strict local minimum at ReLU kinks."""
+    data = bottleneck_teacher((6, 2, 6), hidden=16, n_train=64, n_test=16)
+    net = trained(LeakyResNet(6, 6, width=12, depth=6, effective_depth=2.0, seed=seed, dtype=F64), data, 0.02)
+    c = certify(net, data, "mse", 0.02).certificate
+    assert c.certified and c.clarke <= 1e-10 and c.kinks > 0 and c.gap >= 1e6 and c.kind == "minimum", c
+    assert c.previous_clarke > c.clarke
