@@ -159,6 +159,13 @@ class _Run:
         self.losses = Losses(self.stack, self.datas, self.cfgs, self.dev)
         self.ds, self.X, self.Y = self.losses.data_on(self.stack.dtype)
 
+    def switch_dtype(self, dtype: torch.dtype) -> None:
+        """Move the members, their stack and the data on the device to `dtype` (a phase's ``dtype``)."""
+        for m in self.models:
+            m.to(dtype)
+        self.stack.build()
+        self.ds, self.X, self.Y = self.losses.data_on(self.stack.dtype)
+
     def _restore(self, i: int, tensors: dict | None, info: dict) -> None:
         m = self.models[i]
         if tensors is not None:  # a checkpoint, read from the run folder
@@ -348,10 +355,7 @@ class _PhaseRun:
     def __init__(self, r: _Run, phase_idx: int, phase: Phase, offset: int):
         self.r, self.phase, self.phase_idx = r, phase, phase_idx
         if phase.dtype is not None and r.stack.dtype != getattr(torch, phase.dtype):
-            for m in r.models:
-                m.to(getattr(torch, phase.dtype))
-            r.stack.build()
-            r.ds, r.X, r.Y = r.losses.data_on(r.stack.dtype)
+            r.switch_dtype(getattr(torch, phase.dtype))
         self.lr0, self.lr_min = r.member_rates(phase_idx)
         self.opt_state: dict = {"count": torch.zeros(r.M, dtype=torch.int64, device=r.dev)}  # steps since (re)start
         self.lbfgs = optim.lbfgs(phase, r.stack) if phase.optimizer == "lbfgs" else None
