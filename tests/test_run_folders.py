@@ -150,13 +150,14 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
 
 
 # ------------------------------------------------------------------- finished runs, checksums
-def test_resume_of_a_finished_run_changes_nothing_even_when_a_file_is_garbled(finished, tmp_path):
+def test_resume_of_a_finished_run_refuses_a_garbled_file_and_changes_nothing(finished, tmp_path):
     run = tmp_path / "copy"
     subprocess.run(["cp", "-r", str(finished), str(run)], check=True)
     (run / "units" / "a" / "history.csv").write_bytes(b"\xff\xfe\x00garbage")
     before = files(run)
-    record = tiny(run, resume=True)
-    assert record.already_finished and files(run) == before
+    with pytest.raises(FeaturelabError, match="history.csv' differs from the sha256 in its manifest"):
+        tiny(run, resume=True)
+    assert files(run) == before
 
 
 def test_results_json_is_written_only_after_the_report(tmp_path, monkeypatch):

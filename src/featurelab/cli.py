@@ -164,11 +164,14 @@ def _cmd_bench(args) -> int:
 
 def _cmd_report(args) -> int:
     from .runs.lock import RunLock
+    from .runs.manifest import verify_run
     from .runs.report import render_report
 
     if not Path(args.run_dir).is_dir():
         raise FeaturelabError(f"run folder '{args.run_dir}' does not exist or is not a folder")
     with RunLock(args.run_dir):
+        if (Path(args.run_dir) / "results.json").exists():
+            verify_run(Path(args.run_dir))
         print(f"report: {render_report(args.run_dir).resolve()}")
     return 0
 

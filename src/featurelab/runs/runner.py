@@ -38,6 +38,7 @@ from ..figures import save_figure
 from ..io import read_json, read_yaml, write_json, write_text, write_yaml
 from ..runtime import check_memory, resolve_device, tune_cpu, versions
 from .lock import LOCK_NAME, RunLock
+from .manifest import verify_run, write_manifest
 from .report import check_claims, render_report
 from .sweep import check_backend, run_units
 from .work import one_line
@@ -259,7 +260,8 @@ def two_tiers(
 
 
 def finished_record(run: Path) -> RunRecord:
-    """The record of the finished run in `run`, from its files (checked, not changed)."""
+    """The record of the finished run in `run`, from its files (checked against its manifest, not changed)."""
+    verify_run(run)
     results = read_json(
         run / "results.json", kind=dict, fix="the run is damaged: restore it or run again with a new --out"
     )
@@ -459,5 +461,6 @@ def _run(exp, cfg, run: Path, preset: str, sweep_args: dict) -> RunRecord:
         **tally(claim_dicts),
     }
     report = render_report(run, results)
-    write_json(run / "results.json", results)  # last: the run is finished
+    write_json(run / "results.json", results)  # the run is finished
+    write_manifest(run)  # last: the sha256 of every file a verdict rests on
     return RunRecord(run, report, claim_dicts, analysis.summary, dict(sweep.failed), unhealthy)

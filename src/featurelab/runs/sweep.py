@@ -41,6 +41,7 @@ from ..config import ExperimentConfig
 from ..errors import FeaturelabError, WriteError
 from ..experiments.base import Experiment
 from ..io import digest, read_json
+from .manifest import verify_unit
 from .work import UnitOutcome, WorkItem, execute, one_line
 
 BACKENDS = ("local", "ray")
@@ -117,6 +118,7 @@ def finished(run_dir: Path, unit_id: str, cfg: ExperimentConfig) -> dict | None:
         raise FeaturelabError(f"'{path}' was written for a different config than this run's; {fix}")
     if not isinstance(record.get("result"), dict):
         raise FeaturelabError(f"'{path}' holds no result; {fix}")
+    verify_unit(folder, record.get("files"), fix)
     return record["result"]
 
 

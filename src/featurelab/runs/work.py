@@ -19,6 +19,7 @@ from ..errors import WriteError
 from ..experiments.base import Experiment, UnitContext
 from ..io import digest, make_folder, write_json, write_text
 from ..runtime import set_threads, tune_cpu
+from .manifest import unit_files
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,10 @@ class WorkItem:
 
 
 def write_result(folder: Path, item: WorkItem, unit: dict, seconds: float, result: dict, **extra) -> None:
-    """Write the unit's ``result.json`` (last), with the config's `digest` and its own sha256 checksum."""
+    """Write the unit's ``result.json`` (last), with the config's `digest`, the sha256 of the folder's other files
+    (`featurelab.runs.manifest.unit_files`) and its own sha256 checksum."""
     record = {"unit": unit, "seconds": seconds, **extra, "config": digest(item.config.model_dump(mode="json"))}
+    record["files"] = unit_files(folder)
     write_json(folder / "result.json", {**record, "result": result}, checksum=True)
 
 
