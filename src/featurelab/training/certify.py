@@ -50,7 +50,8 @@ KINK_WIDTH = 30.0  # K = {|a| <= KINK_WIDTH/β}: softplus_β bends within a few 
 MIN_GAP = 1e6  # identification: min |a| off K over max |a| on K
 SNAP_ITERATIONS = 8
 SNAP_FLOOR = 1e-14  # the snap stops at this Clarke residual (rounding), or when δ stops falling
-SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on
+SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on,
+SNAP_GAP = 1e2  # where the kink set stands out by this gap (and after the last stage in any case)
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
 METHOD = "softplus continuation + active-set Newton snap, float64"
@@ -400,8 +401,9 @@ def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float)
 
 def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float | None) -> tuple[_Snap, _Snap, int]:
     """Minimise the softplus_β-smoothed loss for β = `BETAS` in turn, each stage from the last one's point, and
-    from β = `SNAP_FROM` on try the snap after each stage; stop at the first snap that reaches δ <= tolerance with
-    feasible slopes. ``(the snap's start, its end, Newton steps of the continuation)``."""
+    from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP` (and after the
+    last stage): stop at the first snap that reaches δ <= tolerance with feasible slopes. ``(the snap's start,
+    its end, Newton steps of the continuation)``."""
     steps, t0, theta = 0, time.perf_counter(), problem.theta
     saved, result = problem.mode, None
     for beta in BETAS:
@@ -412,7 +414,8 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
         finally:
             problem.mode = saved
         steps += taken
-        if beta >= SNAP_FROM:
+        inputs, _ = activation_inputs(problem, theta)
+        if beta >= SNAP_FROM and (identify(inputs, KINK_WIDTH / beta)[1] >= SNAP_GAP or beta == BETAS[-1]):
             result = _snap(problem, theta, beta, tolerance)
             if not result[1].rule and result[1].delta <= tolerance and result[1].m.feasible:
                 break
