@@ -327,6 +327,8 @@ def run_experiment(
                 raise FeaturelabError(
                     f"run folder '{run}' already exists: pass --resume to continue it, or --out DIR for a new run"
                 )
+            if (run / "results.json").exists():
+                verify_run(run)  # a finished run's files, its config included, as they were written
             fix = "restore it, or start again with a new --out"
             diff = _first_difference(read_yaml(stored, kind=dict, fix=fix), cfg_dict)
             if diff:
