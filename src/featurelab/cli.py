@@ -108,6 +108,25 @@ def _run_kwargs(args) -> dict:
     return {k: getattr(args, k) for k in keys} | {"progress": progress, "batch": not args.no_batch}
 
 
+def _refuse_run_folder(out) -> None:
+    """One line when `out`, the root of several runs, is a run folder or lies inside one."""
+    if out is None:
+        return
+    path = Path(out).resolve()
+    for folder in (path, *path.parents):
+        if (folder / "config.yaml").is_file() or (folder / "results.json").is_file():
+            where = "is a run folder" if folder == path else f"lies inside the run folder '{folder}'"
+            raise FeaturelabError(f"--out '{out}' {where}; give a new folder outside any run for several runs")
+
+
+def _variant_errors(tables: list[dict]) -> int:
+    """0, or 1 after one line on the variants that ended in an error (they reproduce nothing)."""
+    bad = [f"{t['experiment']}/{v['label']}" for t in tables for v in t["variants"] if v["error"]]
+    if bad:
+        print(f"{len(bad)} variant(s) ended in an error ({', '.join(bad[:5])}): see their lines above")
+    return 1 if bad else 0
+
+
 def _run_seeds(args, overrides: dict) -> int:
     """``run EXP --seeds 0,1,2``: the preset under each seed and in float64, and the robustness table."""
     from .claims import fmt_margin
@@ -115,6 +134,7 @@ def _run_seeds(args, overrides: dict) -> int:
 
     if args.seed is not None:
         raise FeaturelabError("--seed and --seeds exclude each other: give the seeds in --seeds")
+    _refuse_run_folder(args.out)
     table = run_robustness(
         args.experiment, args.preset, _seed_list(args.seeds), overrides, out=args.out, **_run_kwargs(args)
     )
@@ -127,7 +147,7 @@ def _run_seeds(args, overrides: dict) -> int:
         print(f"  [{tag}] {c['id']}: " + ", ".join(runs))
     tier = f"; certified: {table['certified_reproduced']}/{table['certified']}" if table.get("certified") else ""
     print(f"claims reproduced (pass under every variant): {table['reproduced']}/{table['empirical']}{tier}")
-    return 0 if table["reproduced"] == table["empirical"] else 1
+    return _variant_errors([table]) or int(table["reproduced"] != table["empirical"])
 
 
 def _cmd_reproduce(args) -> int:
@@ -139,11 +159,12 @@ def _cmd_reproduce(args) -> int:
         print(f"tables of '{args.markdown}' regenerated from '{out / 'index.json'}'")
         return 0
     only = args.only.split(",") if args.only else None
+    _refuse_run_folder(out)
     index = reproduce(args.preset, _seed_list(args.seeds), out, only=only, collect=args.collect, **_run_kwargs(args))
     tier = f"; certified: {index['certified_reproduced']}/{index['certified']}" if index.get("certified") else ""
     print(f"empirical claims reproduced: {index['reproduced']}/{index['empirical']}{tier}")
     print(f"index: {(out / 'index.html').resolve()}")
-    return 0 if index["reproduced"] == index["empirical"] else 1
+    return _variant_errors(index["tables"]) or int(index["reproduced"] != index["empirical"])
 
 
 def _cmd_bench(args) -> int:
