@@ -360,7 +360,32 @@ def _tolerant_output() -> None:
             stream.reconfigure(errors="replace")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that it stops like Ctrl-C (workers stopped, lock released)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line; SIGTERM stops it like Ctrl-C while it runs (in the main thread: elsewhere signals
+    cannot be set), and the previous handlers are restored when it returns."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: a handler set outside Python, which cannot be set back
+                signal.signal(sig, handler)
+
+
+def _main(argv: list[str] | None) -> int:
     command = None
     try:
         _tolerant_output()
@@ -377,11 +402,21 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of the output went away (featurelab list | head -1): nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not interrupt the message
+    except SystemExit as exc:
+        if command is None:  # argparse: --help, --version or a bad argument
+            raise
+        print(
+            f"featurelab: error: {command} stopped: its code called exit({exc.code!r}); nothing more was done",
+            file=sys.stderr,
+        )
+        return 2
+    except KeyboardInterrupt as exc:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal does not interrupt the message
         hint = "; continue with the same command plus --resume" if command == "run" else ""
-        print(f"featurelab: interrupted{hint}", file=sys.stderr)
-        return 130
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"featurelab: {what}{hint}", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
 
 
 if __name__ == "__main__":
