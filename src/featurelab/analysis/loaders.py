@@ -5,6 +5,7 @@ what is allowed, raised before anything is written; nothing is unpickled."""
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 import zipfile
 from pathlib import Path
@@ -27,14 +28,74 @@ def _natural(key: str) -> list:
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split(".")]
 
 
+HEADER_LIMIT = 100 * 2**20  # bytes of a safetensors header (its JSON text) read at most
+COPIES = 6  # the file's tensors held at once by an analysis: read, float64 (twice the bytes), products, spectra
+SVD_FLOPS = 2e11  # the most m·n·min(m, n) of a file's matrices analysed: about a minute of float64 SVDs on a CPU
+
+
+def header_sizes(path: Path, what: str) -> tuple[int, dict[str, float]]:
+    """The bytes of the tensors a safetensors file declares and, per tensor of >= 2 dims, the cost m·n·min(m, n)
+    of its SVD (rows m = the first dim), from its header alone (8 bytes little-endian length, then JSON of
+    ``name: {dtype, shape, data_offsets}``); a header that cannot be read is one line."""
+    import json
+
+    bad = f"{what} '{path}' is not a readable safetensors file"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < size <= HEADER_LIMIT:
+            raise FeaturelabError(f"{bad} (its header's length, {size}, is not in 1..{HEADER_LIMIT})")
+        try:
+            entries = {k: v for k, v in json.loads(f.read(size)).items() if k != "__metadata__"}
+            end = max((int(v["data_offsets"][1]) for v in entries.values()), default=0)
+            shapes = {k: [int(d) for d in v["shape"]] for k, v in entries.items()}
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            raise FeaturelabError(f"{bad} (its header: {_first_line(exc)})") from None
+    cost = {
+        k: float(sh[0]) * math.prod(sh[1:]) * min(sh[0], math.prod(sh[1:])) for k, sh in shapes.items() if len(sh) > 1
+    }
+    return end, cost
+
+
+def check_header(path: Path, what: str) -> None:
+    """Memory (`COPIES` of the tensors) and time (`SVD_FLOPS`) of analysing the file, from its header."""
+    from ..runtime import check_memory
+
+    end, cost = header_sizes(path, what)
+    check_memory(f"analysing {what} '{path}' ({COPIES} copies of its tensors)", COPIES * end)
+    if sum(cost.values()) > SVD_FLOPS:
+        big = max(cost, key=lambda k: cost[k])
+        raise FeaturelabError(
+            f"{what} '{path}': the spectra of its matrices cost {sum(cost.values()):.3g} flops (m·n·min(m, n); "
+            f"the largest, '{big}', {cost[big]:.3g}), over the limit of {SVD_FLOPS:.3g}; analyse a smaller model"
+        )
+
+
+def _check_checksum(path: Path, tensors: dict[str, torch.Tensor], what: str) -> None:
+    """The sha256 a featurelab file carries in its metadata (`featurelab.training.checkpoint.tensors_digest`),
+    when present, must match its tensors."""
+    from safetensors import safe_open
+
+    from ..training.checkpoint import tensors_digest
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if "sha256" in meta and meta["sha256"] != tensors_digest(tensors, meta.get("featurelab", "")):
+        raise FeaturelabError(f"{what} '{path}' fails the sha256 in its metadata (changed or damaged since written)")
+
+
 def _read_safetensors(path: str | Path, what: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     path = Path(path)
     if not path.is_file():
         raise FeaturelabError(f"{what} '{path}' does not exist or is not a file")
+    check_header(path, what)
     try:
         tensors = load_file(str(path))
+        _check_checksum(path, tensors, what)
+    except FeaturelabError:
+        raise
     except Exception as exc:  # safetensors raises its own error types for a damaged file
         raise FeaturelabError(f"{what} '{path}' is not a readable safetensors file ({_first_line(exc)})") from None
     if not tensors:
