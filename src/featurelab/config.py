@@ -159,7 +159,65 @@ def one_line(exc: ValidationError, cls: type[BaseModel], where: str) -> Featurel
     return FeaturelabError(f"{key}{shown} is not allowed for {where}: {msg}")
 
 
+REPEATS = ("steps", "restarts", "trials", "epochs", "iters")  # fields that repeat the work: counts, not sizes
+NOT_SIZES = ("seed", "every", "patience", "log")  # integer fields that size nothing
+FLOP_LIMIT = 1e17  # about a month of float64 work on one CPU core: a bigger config is a typing mistake
+
+
+def sizes(cfg: BaseModel, prefix: str = "") -> tuple[dict[str, int], dict[str, int]]:
+    """The config's sizes (integer fields and the entries of integer lists: data, teachers, widths, depths,
+    grid points) and its repeats (`REPEATS`, and the lengths of lists of sizes), by dotted field name."""
+    size, repeat = {}, {}
+    for name, value in cfg:
+        key = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            s, r = sizes(value, f"{key}.")
+            size, repeat = size | s, repeat | r
+        elif any(w in name for w in NOT_SIZES) or isinstance(value, bool):
+            continue
+        elif isinstance(value, int):
+            (repeat if any(w in name for w in REPEATS) else size)[key] = value
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+            size[key], repeat[f"len({key})"] = max(value), len(value)
+    return size, repeat
+
+
+def check_sizes(cfg: BaseModel, where: str) -> None:
+    """Memory and time of the largest work `cfg` can set, from its numbers alone (no model is built): a
+    matrix of its two largest sizes in float64 must fit the machine's memory, and so must one such matrix per
+    layer of each depth field (a depth times the two largest other sizes); that matrix times its
+    third size, times its largest repeat and the count of its list entries, must stay under `FLOP_LIMIT`
+    flops; one line naming the fields and the limit otherwise."""
+    from .runtime import check_memory
+
+    size, repeat = sizes(cfg)
+    big = sorted(size, key=lambda k: size[k], reverse=True)[:3]
+    if len(big) >= 2:
+        check_memory(
+            f"{where}: a {size[big[0]]} x {size[big[1]]} float64 matrix ({big[0]}, {big[1]})",
+            8.0 * size[big[0]] * size[big[1]],
+        )
+    for depth in (k for k in size if "depth" in k.rpartition(".")[2]):
+        a, b = sorted((k for k in size if k != depth), key=lambda k: size[k], reverse=True)[:2] or ("", "")
+        check_memory(
+            f"{where}: {depth}={size[depth]} layers of {size.get(a, 1)} x {size.get(b, 1)} float64 ({a}, {b})",
+            8.0 * size[depth] * size.get(a, 1) * size.get(b, 1),
+        )
+    lengths = [k for k in repeat if k.startswith("len(")]
+    named = big + [max((k for k in repeat if k not in lengths), key=lambda k: repeat[k], default="")] + lengths
+    flops = 1.0
+    for k in filter(None, named):
+        flops *= size.get(k, repeat.get(k, 1))
+    if flops > FLOP_LIMIT:
+        raise FeaturelabError(
+            f"{where}: {' x '.join(f'{k}={size.get(k, repeat.get(k))}' for k in filter(None, named))} is about "
+            f"{flops:.3g} flops, over the limit of {FLOP_LIMIT:.3g}; choose smaller sizes"
+        )
+
+
 def validate(cls: type[B], values: dict, where: str) -> B:
-    """Build `cls` from `values`; a validation failure becomes a one-line `FeaturelabError` about `where`
-    (e.g. the experiment's name)."""
-    return _checked(cls, where, lambda: cls.model_validate(values))
+    """Build `cls` from `values` and check its sizes (`check_sizes`); a failure becomes a one-line
+    `FeaturelabError` about `where` (e.g. the experiment's name)."""
+    cfg = _checked(cls, where, lambda: cls.model_validate(values))
+    check_sizes(cfg, where)
+    return cfg
