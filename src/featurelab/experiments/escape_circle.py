@@ -66,7 +66,7 @@ class Config(ExperimentConfig):
     restarts: int = Field(20, ge=1)
     steps: int = Field(4000, ge=1)
     lr: float = Field(0.05, gt=0)
-    rank_one_widths: list[PositiveInt] = Field([4, 8, 32])
+    rank_one_widths: list[PositiveInt] = Field([4, 8, 32], min_length=1)  # its claim needs a rank-one width
     rank_one_restarts: int = Field(20, ge=1)
     rank_one_steps: int = Field(3000, ge=1)
     phi_points: int = Field(8 * 900 + 1, ge=9)
