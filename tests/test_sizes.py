@@ -50,7 +50,7 @@ def test_a_depth_needs_a_matrix_per_layer():
         ("width-plateau", {"teacher_width": 10**8}, "teacher_width"),
         ("width-plateau", {"teacher_n_train": 10**8}, "teacher_n_train"),
         ("width-plateau", {"teacher_d_in": 10**8}, "teacher_d_in"),
-        ("saddle-digits", {"depth": 10**8}, "depth=100000000 layers"),
+        ("saddle-digits", {"depth": 10**8}, "(depth, batch_size)"),
         ("escape-circle", {"phi_points": 10**12}, "phi_points"),
         ("escape-circle", {"steps": 10**12}, "steps=1000000000000"),
         ("escape-circle", {"restarts": 10**12}, "restarts=1000000000000"),
