@@ -21,7 +21,7 @@ from ..errors import FeaturelabError
 from ..models.leaky_resnet import LeakyResNet
 from ..runtime import float64_copy
 from ..training.objectives import data_cost
-from .cost_of_identity import GAMMA_MODES, KernelMetric, cost_of_identity, kernel_metric
+from .cost_of_identity import GAMMA_MODES, KernelMetric, cost_of_identity, features, kernel_metric
 from .ranks import singular_values, spectrum_ranks
 
 PAIRINGS = ("staggered", "same")
@@ -63,6 +63,35 @@ def _backward(m: LeakyResNet, X, Y, lam: float) -> tuple[list[torch.Tensor], lis
         C = data_cost("mse", reps[-1] @ m.V_out.T, Y)
         grads = torch.autograd.grad(C, reps)
     return [a.detach() for a in reps], [-g / lam for g in grads]
+
+
+def hamiltonian_gradients(
+    A: torch.Tensor, B: torch.Tensor, effective_depth: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(∂_A𝓗, ∂_B𝓗)`` of eq. 1, ``𝓗 = (L̃/2)‖Bᵀσ(A)‖² − L̃ Σ B⊙A`` (Jacot & Kaiser, arXiv 2405.17573 §2.4), at
+    (A, B), each ``N x w`` (rows are samples). In closed form, with ``W = L̃Bᵀσ(A)``: ``∂_B𝓗 = σ(A)Wᵀ − L̃A`` (the
+    velocity ∂_pA) and ``∂_A𝓗 = σ'(A) ⊙ (BW)[:, :w] − L̃B`` (= −∂_pB). Taken by autograd, so σ' is whatever the
+    active torch function mode makes it (softplus_β under `Pieces(beta=β)`, the slopes s* under
+    `Certified.slopes_mode()`, relu'(0) = 0 otherwise)."""
+    Lt = float(effective_depth)
+    with torch.enable_grad():
+        A_, B_ = A.detach().requires_grad_(), B.detach().requires_grad_()
+        H = Lt / 2 * ((B_.T @ features(A_)) ** 2).sum() - Lt * (B_ * A_).sum()
+        dA, dB = torch.autograd.grad(H, (A_, B_))
+    return dA, dB
+
+
+def symplectic_terms(reps: list[torch.Tensor], Bs: list[torch.Tensor], rho: torch.Tensor) -> torch.Tensor:
+    """``g_l = ⟨B_{l−1} − B_l, A_l − A_{l−1}⟩/ρ_l²``, l = 1..L, shape (L,) (docs/leaky-resnets.md, "The modified
+    Hamiltonian"). reps ``[A_0..A_L]``, Bs ``[B_0..B_L]`` (each ``N x w``), rho (L,).
+
+    The forward and backward recursions are ``A_l − A_{l−1} = ρ_l ∂_B𝓗ᵖʳᵉ`` and ``B_{l−1} − B_l = ρ_l ∂_A𝓗ᵖʳᵉ``
+    (the pre-Hamiltonian of layer l at ``(A_{l−1}, B_l, W_l)``), and wherever ``W_l = L̃B_lᵀσ(A_{l−1})`` these
+    partials are those of 𝓗 itself, so g_l is ``⟨∂_A𝓗, ∂_B𝓗⟩(A_{l−1}, B_l)`` (`hamiltonian_gradients`) with the
+    activation's derivative that the backward pass used (the slopes s* at a certified kink)."""
+    return torch.stack(
+        [((Bs[l - 1] - Bs[l]) * (reps[l] - reps[l - 1])).sum() / rho[l - 1] ** 2 for l in range(1, len(reps))]
+    ).to(torch.float64)
 
 
 def layer_energies(
@@ -162,6 +191,14 @@ def lagrangian_weights(
     return metric.pinv(effective_depth * A + D).T
 
 
+def _modified(H: float, g: float, rho: float, effective_depth: float, shift: int) -> dict[str, float]:
+    """The columns g, hamiltonian_modified ``𝓗̃_l = 𝓗_l + (1/2 − shift)ρ_l g_l`` and h_modified ``−2𝓗̃_l/L̃``: with
+    the staggered pairing (shift 0) ``𝓗(A_{l−1}, B_l) + (ρ_l/2)g_l``, with "same" (shift 1)
+    ``𝓗(A_l, B_l) − (ρ_l/2)g_l``; both are the symplectic-Euler modified Hamiltonian to O(ρ²)."""
+    Hm = H + (0.5 - shift) * rho * g
+    return {"g": g, "hamiltonian_modified": Hm, "h_modified": -2 * Hm / effective_depth}
+
+
 def geodesic_diagnostics(
     model: LeakyResNet, X, Y, lam: float, gamma0: float = 1e-3, gamma_mode: str = "relative", pairing: str = "staggered"
 ) -> pd.DataFrame:
@@ -176,8 +213,13 @@ def geodesic_diagnostics(
     ``Tr[Bᵀ(σ(A)W_lᵀ − L̃A)] − ‖W_l‖²/(2L̃)`` (= −(1/λ)∂𝓛/∂ρ_l, §3.3), residual
     ``r_l = ‖W_l − L̃Bᵀσ(A)‖/‖W_l‖`` (§3.2), lagrangian_residual ``‖W_l − (L̃A_{l-1} + D_l)σ(A_{l-1})⁺‖/‖W_l‖``
     (`lagrangian_weights`: the share of W_l the training data never see; 0 at a critical point), negativity
-    ``‖min(A,0)‖/‖A‖`` of the paired A (Prop. 5), sv1..sv10 of W_l and effective_rank ``#{s_i ≥ 0.1 s_1}`` (§3.6).
-    ``.attrs["summary"]``: median/min/max of h_rescaled and h_gamma_rescaled, min_coi
+    ``‖min(A,0)‖/‖A‖`` of the paired A (Prop. 5), sv1..sv10 of W_l and effective_rank ``#{s_i ≥ 0.1 s_1}`` (§3.6);
+    g ``= ⟨∂_A𝓗, ∂_B𝓗⟩(A_{l−1}, B_l)`` (`symplectic_terms`), hamiltonian_modified ``𝓗̃_l`` and h_modified
+    ``−2𝓗̃_l/L̃`` (`_modified`): constant across layers to O(ρ²) at a critical point in W, where ĥ is constant to
+    O(ρ) only (docs/leaky-resnets.md, "The modified Hamiltonian"). Run it under ``Certified.slopes_mode()`` at a
+    certified ReLU critical point so that B (and g) use the slopes s* at the kinks.
+    ``.attrs["summary"]``: median/min/max of h_rescaled and h_gamma_rescaled, h_spread and h_modified_spread
+    (max − min over layers), h_correction_max ``max_l ρ_l|g_l|/L̃`` (the O(ρ) term, in ĥ's units), min_coi
     (``min_l COI_γ(A_l)``, l = 0..L), path_length_F and path_length_gamma (§3.6), balancedness (rate 2L̃‖b‖²),
     max/median residual, max lagrangian_residual, max B_norm and BS_norm (Fig. 3), max thm4_gap, the minimum
     slacks of (a)-(c) and the eq. 4 slacks (d) at the median ĥ.
@@ -190,6 +232,7 @@ def geodesic_diagnostics(
     Lt, rho, p = m.effective_depth, m.rho, m.positions
     W = m.W.detach()
     shift = 0 if pairing == "staggered" else 1
+    g = symplectic_terms(reps, Bs, rho)
     rows = []
     for l in range(1, m.depth + 1):
         A, B, Wl = reps[l - 1 + shift], Bs[l], W[l - 1]
@@ -197,6 +240,7 @@ def geodesic_diagnostics(
         row = {"layer": l, "p": float(p[l - 1 + shift]), "rho": float(rho[l - 1])}
         metric = kernel_metric(A, True, gamma0, gamma_mode)  # one factorisation of σ(A) per layer
         row.update(layer_energies(A, B, D, Lt, gamma0, gamma_mode, metric=metric))
+        row.update(_modified(row["hamiltonian"], float(g[l - 1]), float(rho[l - 1]), Lt, shift))
         S = metric.S
         row["pre_hamiltonian"] = float((B * (S @ Wl.T - Lt * A)).sum()) - float((Wl**2).sum()) / (2 * Lt)
         row["residual"] = float(torch.linalg.norm(Wl - Lt * B.T @ S) / torch.linalg.norm(Wl))
@@ -209,17 +253,27 @@ def geodesic_diagnostics(
         rows.append(row)
     df = pd.DataFrame(rows)
 
+    df.attrs["summary"] = _summary(df, reps, W, p, Lt, gamma0, gamma_mode, shift)
+    return df
+
+
+def _summary(df: pd.DataFrame, reps, W, p, Lt: float, gamma0: float, gamma_mode: str, shift: int) -> dict:
+    """`geodesic_diagnostics`' ``.attrs["summary"]`` from its table, the representations ``[A_0..A_L]``, the
+    weights ``L x w x (w+1)`` and the positions ``p_0..p_L``."""
     coi_last = cost_of_identity(reps[-1 if shift == 0 else 0], True, gamma0, gamma_mode)
     min_coi = min(float(df["coi_gamma"].min()), coi_last)
-    path_F = sum(float(torch.linalg.norm(reps[l] - reps[l - 1])) for l in range(1, m.depth + 1))
+    path_F = sum(float(torch.linalg.norm(reps[l] - reps[l - 1])) for l in range(1, len(reps)))
     path_gamma = float((df["rho"] * df["D_norm_K"]).sum())
     h_med = float(df["h_rescaled"].median())
     sqrt_gc = float((np.sqrt(df["gamma"]) * df["B_norm"]).max())
     gc2 = float((df["gamma"] * df["B_norm"] ** 2).max())
-    summary = {
+    return {
         "h_median": h_med,
         "h_min": float(df["h_rescaled"].min()),
         "h_max": float(df["h_rescaled"].max()),
+        "h_spread": float(df["h_rescaled"].max() - df["h_rescaled"].min()),
+        "h_modified_spread": float(df["h_modified"].max() - df["h_modified"].min()),
+        "h_correction_max": float((df["rho"] * df["g"]).abs().max()) / Lt,
         "h_gamma_median": float(df["h_gamma_rescaled"].median()),
         "h_gamma_min": float(df["h_gamma_rescaled"].min()),
         "h_gamma_max": float(df["h_gamma_rescaled"].max()),
@@ -239,5 +293,3 @@ def geodesic_diagnostics(
         "slack_d_lower": (h_med - min_coi) + (path_gamma / Lt + sqrt_gc) ** 2,
         "slack_d_upper": gc2 - (h_med - min_coi),
     }
-    df.attrs["summary"] = summary
-    return df
