@@ -270,6 +270,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"featurelab {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _command(sub, "list", "list the experiments and their presets").set_defaults(func=_cmd_list)
+    _add_run(sub)
+    _add_reproduce(sub)
+    _add_bench(sub)
+    rep = _command(sub, "report", "rebuild report.html of a finished run folder")
+    rep.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (runs/EXP-PRESET by default)")
+    rep.set_defaults(func=_cmd_report)
+    _add_analyze(sub)
+    return p
+
+
+def _add_run(sub) -> None:
     r = _command(sub, "run", "run an experiment and write its run folder and report.html", before=_experiments_text())
     r.add_argument("experiment", metavar="EXPERIMENT", help="the experiment's name (listed below)")
     r.add_argument(
@@ -298,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
         "robustness.json/.html: a claim is reproduced when it passes under all (docs/reproduction.md)",
     )
     r.set_defaults(func=_cmd_run)
+
+
+def _add_reproduce(sub) -> None:
     rp = _command(
         sub,
         "reproduce",
@@ -318,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--quiet", action="store_true", help="no progress bars")
     rp.add_argument("--no-batch", action="store_true", help="train same-shape runs one by one, not as ensembles")
     rp.set_defaults(func=_cmd_reproduce, backend="local", address=None, retries=2)
+
+
+def _add_bench(sub) -> None:
     b = _command(
         sub,
         "bench",
@@ -332,9 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     b.add_argument("--threads", type=int, default=1, help="torch threads for (a)-(d) (default 1, as sweep workers)")
     b.set_defaults(func=_cmd_bench)
-    rep = _command(sub, "report", "rebuild report.html of a finished run folder")
-    rep.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (runs/EXP-PRESET by default)")
-    rep.set_defaults(func=_cmd_report)
+
+
+def _add_analyze(sub) -> None:
     a = _command(sub, "analyze", "ranks, spectra and representations of a model: table, figures, report.html")
     a.add_argument("target", help="weights.safetensors (weights only) or package.module:factory")
     a.add_argument(
@@ -349,7 +366,6 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--representations", default=None, help="comma-separated module names, globs (blocks.*) to read")
     a.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     a.set_defaults(func=_cmd_analyze)
-    return p
 
 
 def _tolerant_output() -> None:
