@@ -39,9 +39,14 @@ def _ray():
     return ray
 
 
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
+
+
 def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
-    """A one-line error unless something accepts TCP connections at `address` (``HOST:PORT``, or
-    ``ray://HOST:PORT``) within `timeout` seconds; "auto" and "local" are not probed."""
+    """A one-line error unless a gRPC server (a Ray head's GCS or client server) answers at `address`
+    (``HOST:PORT``, or ``ray://HOST:PORT``) within `timeout` seconds: it must accept the connection and answer
+    the HTTP/2 client preface with a SETTINGS frame (RFC 9113 §3.4), which another service (a web or SSH
+    server, a silent port) does not; "auto" and "local" are not probed."""
     if address in ("auto", "local"):
         return
     hostport = address.split("://", 1)[-1]
@@ -49,13 +54,24 @@ def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
     if not sep or not port.isdigit():
         raise FeaturelabError(f"address={address!r} is not allowed: give HOST:PORT of the Ray cluster's head")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     except OSError as exc:
         cause = exc.strerror or type(exc).__name__
         raise FeaturelabError(
             f"could not connect to the Ray cluster at {address} within {timeout:g} s ({cause}); "
             "start it (`ray start --head`) or check the address"
         ) from None
+    with conn:
+        try:
+            conn.sendall(HTTP2_PREFACE)
+            frame = conn.recv(9)
+        except OSError:  # silent, or closed on us
+            frame = b""
+    if len(frame) < 9 or frame[3] != 4:  # a frame header: 3 bytes length, 1 byte type (4: SETTINGS)
+        raise FeaturelabError(
+            f"the service at {address} is not a Ray cluster's head (it does not answer as a gRPC server); "
+            "check the address and port (`ray status` on the head prints it)"
+        )
 
 
 def reachable(address: str | None = None) -> None:
