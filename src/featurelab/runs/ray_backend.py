@@ -123,9 +123,24 @@ def unpack(files: dict[str, bytes], folder: Path) -> None:
         write_bytes(Path(folder) / rel, files[rel])
 
 
+SCRATCH = "featurelab-ray-"  # a task's scratch folder: SCRATCH + its process id + "-" + a random tail
+
+
+def remove_orphans(parent: Path) -> None:
+    """Remove the scratch folders in `parent` of tasks whose process is gone (a killed worker leaves them)."""
+    import shutil
+
+    for folder in parent.glob(f"{SCRATCH}*-*"):
+        pid = folder.name[len(SCRATCH) :].partition("-")[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and os.path.exists("/proc"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def run_remote(item: WorkItem, files_in: list[dict[str, bytes]]):
-    """The task body: run the item in a scratch folder; return its outcomes and the files written."""
-    with tempfile.TemporaryDirectory(prefix="featurelab-ray-") as tmp:
+    """The task body: run the item in a scratch folder (the orphans of killed tasks removed first); return
+    its outcomes and the files written."""
+    remove_orphans(Path(tempfile.gettempdir()))
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH}{os.getpid()}-") as tmp:
         folders = [Path(tmp) / u["id"] for u in item.units]
         for folder, files in zip(folders, files_in):
             unpack(files, folder)
