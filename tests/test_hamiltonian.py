@@ -12,9 +12,11 @@ from featurelab.measurements.cost_of_identity import features
 from featurelab.measurements.hamiltonian import (
     backward_variables,
     balancedness_residual,
+    hamiltonian_gradients,
     lagrangian_weights,
     layer_energies,
 )
+from featurelab.training.certify import Pieces
 from featurelab.training.objectives import data_cost
 
 LAM = 0.01
@@ -264,3 +266,46 @@ def test_lagrangian_weights(gen, geodesic):
         assert float(torch.linalg.norm(W_lag)) < float(torch.linalg.norm(Wl))
         rel = torch.linalg.norm(Wl - W_lag) / torch.linalg.norm(Wl)
         assert df["lagrangian_residual"][l - 1] == pytest.approx(float(rel), rel=1e-9)
+
+
+def symplectic_net(gen, L, Lt=1.5, w=5, N=7, lam=0.1):
+    """A Leaky ResNet (d_in = d_out = w, equidistant steps) that is an exact critical point in W of its own data by
+    construction: from (A_0, B_0) the symplectic-Euler recursion ``B_l = B_{l−1} − ρ∂_A𝓗(A_{l−1}, B_l)`` (solved by
+    fixed-point iteration), ``A_l = A_{l−1} + ρ∂_B𝓗(A_{l−1}, B_l)``, with W_l = L̃B_lᵀσ(A_{l−1}), X = A_0U_in and
+    Y = A_LV_outᵀ + (λN/2)B_LV_outᵀ, so that B_L is the data cost's backward variable (V_out is orthogonal).
+    Run it under the activation mode the test uses (σ smoothed by `Pieces(beta=...)`)."""
+    A0 = torch.randn(N, w, generator=gen, dtype=torch.float64)
+    A, B, rho, Ws = A0, 0.3 * torch.randn(N, w, generator=gen, dtype=torch.float64), 1.0 / L, []
+    for _ in range(L):
+        Bn, change = B, 1.0
+        while change > 1e-15:  # a contraction for small ρ
+            new = B - rho * hamiltonian_gradients(A, Bn, Lt)[0]
+            Bn, change = new, float(torch.linalg.norm(new - Bn) / torch.linalg.norm(new))
+        Ws.append(Lt * Bn.T @ features(A))
+        A, B = A + rho * hamiltonian_gradients(A, Bn, Lt)[1], Bn
+    model = fl.LeakyResNet(w, w, w, L, Lt, dtype=torch.float64)
+    model.load_state_dict({**model.state_dict(), "W": torch.stack(Ws)})
+    V = model.V_out
+    return model, A0 @ model.U_in, A @ V.T + (lam * N / 2) * B @ V.T, lam
+
+
+def test_modified_hamiltonian_is_conserved_at_second_order(gen):
+    """On exact critical points in W with smooth σ (softplus_5) ĥ's spread over layers falls like ρ = 1/L and that of
+    the modified ĥ (𝓗 + (ρ/2)g) like ρ²; g is ⟨∂_A𝓗, ∂_B𝓗⟩ of eq. 1 there (autograd of 𝓗 against the recursions)."""
+    spreads = []
+    for L in (20, 40, 80):
+        g = torch.Generator().manual_seed(5)
+        with Pieces(beta=5.0):
+            model, X, Y, lam = symplectic_net(g, L)
+            df = fl.measurements.geodesic_diagnostics(model, X, Y, lam)
+            A, B = backward_variables(model, X, Y, lam)
+            dA, dB = zip(*(hamiltonian_gradients(A[l - 1], B[l], model.effective_depth) for l in range(1, L + 1)))
+        assert df.attrs["summary"]["residual_max"] < 1e-12
+        products = [float((a * b).sum()) for a, b in zip(dA, dB)]
+        np.testing.assert_allclose(df["g"], products, rtol=1e-9, atol=1e-12 * max(map(abs, products)))
+        s = df.attrs["summary"]
+        spreads.append((s["h_spread"], s["h_modified_spread"]))
+    h, m = np.array(spreads).T
+    order = lambda spread: -np.polyfit(np.log([20, 40, 80]), np.log(spread), 1)[0]  # spread ∝ L^(−order)
+    assert 0.8 <= order(h) <= 1.4 and 1.8 <= order(m) <= 2.6
+    assert (m < 0.05 * h).all()
