@@ -170,16 +170,10 @@ def run_items(
         units, folders = refs[done[0]]
         try:
             outcomes, files = ray.get(done[0])
-        except Exception as exc:  # the task failed after its retries (worker or node died)
+        except Exception as exc:  # the task failed (its worker or node died, or the cluster went away)
             msg = (str(exc).strip().splitlines() or [""])[0]
-            record(
-                [
-                    UnitOutcome(
-                        u["id"], None, f"ray task failed after {retries} retries: {type(exc).__name__}: {msg}", 0.0
-                    )
-                    for u in units
-                ]
-            )
+            why = f"ray task failed: {type(exc).__name__}: {msg} (Ray retries a task whose worker dies {retries} times)"
+            record([UnitOutcome(u["id"], None, why, 0.0) for u in units])
         else:
             for folder, fs in zip(folders, files):
                 unpack(fs, Path(folder))
