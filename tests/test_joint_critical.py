@@ -10,7 +10,7 @@ import torch
 import featurelab as fl
 from featurelab.data import bottleneck_teacher
 from featurelab.measurements.hamiltonian import geodesic_diagnostics
-from featurelab.training._joint import JointSteps, joint_smooth_critical_point
+from featurelab.training._joint import JointSteps, certify_joint, joint_smooth_critical_point
 from featurelab.training.certify import Pieces
 from featurelab.training.objectives import data_cost
 
@@ -47,3 +47,22 @@ def test_hamiltonian_is_constant_at_a_joint_smooth_critical_point():
     H = df["hamiltonian"]
     assert df.attrs["summary"]["residual_max"] < 1e-9
     assert float(H.max() - H.min()) < 1e-10 * float(H.abs().max())
+
+
+@pytest.mark.slow
+def test_hamiltonian_is_constant_at_a_certified_joint_relu_critical_point():
+    """The same net with ReLU: `certify_joint` reaches a certified strict minimum in (W, ρ) at ReLU kinks; under the
+    certificate's slopes mode (B through the slopes s*) 𝓗_l is constant to rounding and W_l = L̃B_lᵀσ(A_{l−1})."""
+    data = bottleneck_teacher((6, 2, 6), hidden=16, n_train=64, n_test=8)
+    net = fl.LeakyResNet(6, 6, 12, 6, 2.0, seed=1, dtype=torch.float64)
+    found = certify_joint(net, data, LAM)
+    c = found.certificate
+    assert c.certified and c.kinks > 0 and c.clarke <= 1e-12 and c.kind == "minimum", c
+    assert float(net.rho.sum()) == pytest.approx(1.0, abs=1e-14) and float(net.rho.min()) > 0
+    with found.slopes_mode():
+        df = geodesic_diagnostics(net, data.X_train, data.Y_train, LAM)
+    H = df["hamiltonian"]
+    assert df.attrs["summary"]["residual_max"] < 1e-10
+    assert float(H.max() - H.min()) < 1e-10 * float(H.abs().max())
+    plain = geodesic_diagnostics(net, data.X_train, data.Y_train, LAM)["hamiltonian"]  # relu'(0) = 0 at the kinks
+    assert float(plain.max() - plain.min()) > 1e-3 * float(H.abs().max())
