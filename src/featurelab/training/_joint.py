@@ -1,5 +1,5 @@
 """Critical points of a Leaky ResNet in its weights and its steps jointly (docs/leaky-resnets.md, "The
-Hamiltonian at exact critical points"; Jacot & Kaiser, arXiv 2405.17573 §2-§3).
+modified Hamiltonian and joint critical points"; Jacot & Kaiser, arXiv 2405.17573 §2-§3).
 
 The steps live on the simplex ``{ρ_l > 0, Σρ = 1}``, parametrised by ``ρ = softmax([z_1..z_{L−1}, 0])``: every
 ρ on the open simplex has exactly one such z, and ``∂𝓛/∂z_j = ρ_j (∂𝓛/∂ρ_j − Σ_l ρ_l ∂𝓛/∂ρ_l)``, so z is
