@@ -50,6 +50,20 @@ class ModelAnalysis:
         lines += [f"note: {n}" for n in self.summary.get("notes", [])]
         return "\n".join(lines)
 
+    def _repr_html_(self) -> str:
+        """The analysis inline in a notebook: the summary as a two-column table, the notes, and the layers,
+        representations and attention tables (4 significant digits), each in a box that scrolls sideways."""
+        flat = {k: v for k, v in self.summary.items() if k != "notes"}
+        parts = ["<h3>Summary</h3>", mapping_table(flat)]
+        if self.summary.get("notes"):
+            parts.append("<ul>" + "".join(f"<li>{html.escape(str(n))}</li>" for n in self.summary["notes"]) + "</ul>")
+        for name in ("layers", "representations", "attention"):
+            table = getattr(self, name)
+            if len(table):
+                body = table.to_html(index=False, float_format=lambda v: f"{v:.4g}", escape=True)
+                parts.append(f"<h3>{name}</h3><div style='overflow-x:auto;max-width:100%'>{body}</div>")
+        return "\n".join(parts)
+
     def plot(self):
         """The bottleneck picture: (a) every singular value of each weight layer along depth (after
         rebalancing when available, with the 0.1 threshold of k_mid); (b) the representation ranks along depth
