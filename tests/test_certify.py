@@ -95,6 +95,15 @@ def test_snap_on_a_small_mlp_and_the_same_bits_twice():
     assert again.certified and again.kinks == c.kinks and again.clarke <= 1e-12
 
 
+def test_a_kink_set_too_large_for_the_dense_solve_is_refused(monkeypatch):
+    import featurelab.training.certify as method
+
+    monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 100)  # 9 kinks x 48 parameters x 8 bytes exceed it
+    net, data = small_mlp()
+    c = certify(net, data, "mse", 0.02).certificate
+    assert not c.certified and "too large for the dense KKT solve" in c.rule
+
+
 def test_clarke_residual_against_bounded_least_squares():
     """One hidden layer: ∇𝓛_s is affine in the slopes s at the kinks, ∇_{W₁}𝓛_s = ((G W₂) ⊙ D_s)ᵀX + 2λW₁ with
     D_s the ReLU derivative (s at the kinks) and G = ∂C/∂f; the other gradients do not depend on s. Built by hand

@@ -53,6 +53,7 @@ SNAP_FLOOR = 1e-14  # the snap stops at this Clarke residual (rounding), or when
 SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on,
 SNAP_GAP = 1e2  # where the kink set stands out by this gap (and after the last stage in any case)
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
+MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely: at most 1 GiB
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
 METHOD = "softplus continuation + active-set Newton snap, float64"
 
@@ -377,6 +378,12 @@ def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float)
     inputs, leaks = activation_inputs(problem, theta)
     masks, _ = identify(inputs, KINK_WIDTH / beta)
     signs = [z > 0 for z in inputs]
+    refused = _too_large(masks, theta)
+    if refused:  # examined as a point without kinks, the rule kept
+        empty = [torch.zeros_like(k) for k in masks]
+        m = multipliers(problem, theta, empty, leaks)
+        point = _Snap(theta, empty, leaks, m, m.delta, m.slopes, refused, 0)
+        return point, point
     m = multipliers(problem, theta, masks, leaks)
     delta, slopes = clarke_residual(problem, theta, masks, m)
     start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
@@ -421,6 +428,18 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
                 break
     assert result is not None
     return result[0], result[1], steps
+
+
+def _too_large(masks: list[torch.Tensor], theta: torch.Tensor) -> str:
+    """The rule that refuses a kink set whose dense Jacobian J_0 (K x P, float64) would exceed `MAX_JACOBIAN_BYTES`
+    ("" when it fits)."""
+    K = sum(int(m.sum()) for m in masks)
+    size = 8.0 * K * theta.numel()
+    if size <= MAX_JACOBIAN_BYTES:
+        return ""
+    return (
+        f"the kink set ({K} entries) is too large for the dense KKT solve ({size:.3g} bytes > {MAX_JACOBIAN_BYTES:.3g})"
+    )
 
 
 def _verdict(snap: _Snap, gap: float, tolerance: float, low: float, high: float) -> tuple[str, str, int]:
