@@ -70,7 +70,7 @@ class Config(ExperimentConfig):
     checkpoint_every: int = Field(2500, ge=0)
     dtype: Literal["float32", "float64"] = "float32"
     certify: PositiveFloat | None = Field(
-        1e-6, description="stationarity tolerance of each unit's critical-point certificate (None: no polish)"
+        1e-6, description="Clarke-residual tolerance of each unit's critical-point certificate (None: not certified)"
     )
 
     @model_validator(mode="after")
@@ -95,7 +95,10 @@ REFERENCE = "Jacot & Kaiser 2024 (arXiv 2405.17573) Fig. 1 and App. B; docs/theo
 PAPER_LAM = 0.002  # Jacot & Kaiser 2024 App. B's λ; the loss it multiplies is ours (docs/theory/leaky-resnets.md §2)
 
 PRESETS = {
-    "quick": {"adam_steps": 20000, "adam_lr": 6e-3, "lbfgs_steps": 3000},
+    # F4 carries no critical-point premise, so the quick and paper presets skip certification: on the quick net
+    # it takes minutes and is refused today (an input off the kink set changes sign in the snap,
+    # docs/theory/conventions.md, "What it reaches"); `--set certify=1e-8` runs it
+    "quick": {"adam_steps": 20000, "adam_lr": 6e-3, "lbfgs_steps": 3000, "certify": None},
     "tiny": {
         "n_train": 64,
         "n_test": 64,
@@ -108,6 +111,7 @@ PRESETS = {
         "certify": None,  # a smoke test: its nets stop far from a critical point (stationarity ~0.1), no polish
     },
     "paper": {
+        "certify": None,
         "teacher_dims": [20, 5, 20],
         "teacher_hidden": 100,
         "n_train": 1000,
