@@ -380,8 +380,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is, so that it stops like Ctrl-C (workers stopped, lock released)."""
 
 
+_SIGNALS: list[int] = []  # the signals received while a command runs
+
+
 def _on_sigterm(signum, frame) -> None:
+    _SIGNALS.append(signum)
     raise Terminated
+
+
+def _on_sigint(signum, frame) -> None:
+    _SIGNALS.append(signum)
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,7 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is not threading.main_thread():
         return _main(argv)
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _SIGNALS.clear()
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if previous[signal.SIGINT] is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         return _main(argv)
     finally:
@@ -427,12 +439,22 @@ def _main(argv: list[str] | None) -> int:
         )
         return 2
     except KeyboardInterrupt as exc:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)  # a second signal does not interrupt the message
-        hint = "; continue with the same command plus --resume" if command == "run" else ""
-        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-        print(f"featurelab: {what}{hint}", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
+        return _stopped(command, isinstance(exc, Terminated))
+    except Exception:
+        # a signal that lands inside an import (numpy's, say) can surface as another error: still a stop
+        if not _SIGNALS:
+            raise
+        return _stopped(command, _SIGNALS[-1] == signal.SIGTERM)
+
+
+def _stopped(command: str | None, terminated: bool) -> int:
+    """The one line of a command stopped by Ctrl-C or SIGTERM, and its exit status (130 or 143)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # a second signal does not interrupt the message
+    hint = "; continue with the same command plus --resume" if command == "run" else ""
+    what = "terminated (SIGTERM)" if terminated else "interrupted"
+    print(f"featurelab: {what}{hint}", file=sys.stderr)
+    return 143 if terminated else 130
 
 
 if __name__ == "__main__":
