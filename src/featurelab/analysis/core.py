@@ -210,6 +210,18 @@ def _bottleneck(net, lm, layers, atol, notes, summary):
     return rebalanced_spectra
 
 
+def _check_output(out) -> None:
+    """One line for an output `analyze` cannot read as N x d rows: a scalar, or NaN/inf entries."""
+    if not isinstance(out, torch.Tensor):
+        return
+    if out.dim() == 0:
+        raise FeaturelabError("the model's output on X is a scalar; analyze needs one output row per sample (N x d)")
+    if not torch.isfinite(out).all():
+        raise FeaturelabError(
+            "the model's output on X contains NaN or inf; check its parameters (the weights file) and X's scale"
+        )
+
+
 def analyze(
     model: nn.Module,
     X=None,
@@ -271,6 +283,7 @@ def analyze(
                 f"the model failed on X of shape {tuple(X.shape)} ({str(exc).splitlines()[0]}); give X in the shape "
                 "the model takes, rows are samples (conv nets: N x c x H x W; command line: --shape c,H,W)"
             ) from None
+        _check_output(out)
         if isinstance(net, LeakyResNet) and representations is None:
             with torch.no_grad():
                 reps = [(f"A_{l}", "LeakyResNet", A, A) for l, A in enumerate(net.representations(X))]
