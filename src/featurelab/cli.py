@@ -338,10 +338,10 @@ def _add_bench(sub) -> None:
     b = _command(
         sub,
         "bench",
-        "measure speed: matmul peak, batched ensembles, diagnostics, quick presets",
+        "measure speed: matmul peak, batched ensembles, diagnostics, quick presets, certification",
         before=_experiments_text(),
     )
-    b.add_argument("--only", default=None, help="comma-separated figures among a,a2,b,c,d,e,g (default all)")
+    b.add_argument("--only", default=None, help="comma-separated figures among a,a2,b,c,d,e,g,h (default all)")
     b.add_argument("--paper", action="store_true", help="also (f): wall time and claims of every paper preset")
     b.add_argument("--experiments", default=None, help="comma-separated experiments for (e) (default all)")
     b.add_argument("--e-preset", default="quick", help="the preset (e) runs (default quick; tiny: a dry run)")
