@@ -18,7 +18,10 @@ def test_parse_overrides_types_and_nesting():
     "overrides,pattern",
     [
         ({"lam": -1}, r"^lam=-1 is not allowed for leaky-bottleneck: Input should be greater than 0$"),
-        ({"lamda": 1}, r"^unknown key 'lamda' for leaky-bottleneck; allowed keys: seed, .*lam"),
+        (
+            {"lamda": 1},
+            r"^unknown key 'lamda' for leaky-bottleneck \(did you mean 'lam'\?\); allowed keys: seed, .*lam",
+        ),
         ({"depth": "abc"}, r"^depth='abc' is not allowed for leaky-bottleneck: .*integer"),
         ({"steps": "random"}, r"^steps='random' is not allowed .*'equidistant', 'irregular' or 'adaptive'"),
         ({"effective_depth": 20}, r"^invalid config for leaky-bottleneck: depth=16 is too small"),
@@ -48,7 +51,7 @@ def test_config_errors_are_one_line(overrides, pattern):
         ),
         (
             lambda: fl.TrainConfig(phases=[], lamda=1.0),
-            r"^unknown key 'lamda' for TrainConfig; allowed keys: objective, lam",
+            r"^unknown key 'lamda' for TrainConfig \(did you mean 'lam'\?\); allowed keys: objective, lam",
         ),
         (
             lambda: setattr(resolve_config("leaky-bottleneck", "quick")[1], "lam", -1.0),

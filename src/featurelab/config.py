@@ -10,7 +10,8 @@ and what is allowed, from the CLI and the Python API alike. Every integer field 
 from __future__ import annotations
 
 import contextvars
-from typing import TypeVar
+import difflib
+from typing import TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -133,15 +134,26 @@ def merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def _allowed(cls: type[BaseModel], loc: tuple) -> str:
-    node = cls
+def _allowed(cls: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys allowed at `loc` (the field path of an unknown key): the fields of the model that holds it."""
+    node: object = cls
     for part in loc[:-1]:
-        field = node.model_fields.get(part) if isinstance(part, str) else None
-        ann = getattr(field, "annotation", None)
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return ""
-        node = ann
-    return ", ".join(node.model_fields)
+        if isinstance(part, int):  # an entry of a list field: its item type
+            args = get_args(node)
+            node = args[0] if len(args) == 1 else None
+            continue
+        field = node.model_fields.get(part) if isinstance(node, type) and issubclass(node, BaseModel) else None
+        node = getattr(field, "annotation", None)
+    return list(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
+
+
+def did_you_mean(key: str, allowed: list[str], prefix: str = "") -> str:
+    """ " (did you mean 'lam'?)" for an unknown `key` close to an allowed one: the closest by
+    `difflib.get_close_matches` (cutoff 0.6, case ignored), shown after `prefix` (``"optimizer."``); "" when
+    none is close."""
+    lowered = {k.lower(): k for k in allowed}
+    close = difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=0.6)
+    return f" (did you mean {prefix + lowered[close[0]]!r}?)" if close else ""
 
 
 def one_line(exc: ValidationError, cls: type[BaseModel], where: str) -> FeaturelabError:
@@ -150,7 +162,9 @@ def one_line(exc: ValidationError, cls: type[BaseModel], where: str) -> Featurel
     loc = tuple(err["loc"])
     key = ".".join(str(p) for p in loc) or "config"
     if err["type"] == "extra_forbidden":
-        return FeaturelabError(f"unknown key {key!r} for {where}; allowed keys: {_allowed(cls, loc)}")
+        allowed = _allowed(cls, loc)
+        close = did_you_mean(str(loc[-1]), allowed, key.rpartition(".")[0] + "." if "." in key else "")
+        return FeaturelabError(f"unknown key {key!r} for {where}{close}; allowed keys: {', '.join(allowed)}")
     msg = err["msg"].replace("Value error, ", "")
     if not loc:
         return FeaturelabError(f"invalid config for {where}: {msg}")
