@@ -14,7 +14,16 @@ from scipy.optimize import lsq_linear
 from featurelab.data import Dataset, bottleneck_teacher
 from featurelab.models import MLP, LeakyResNet
 from featurelab.training import Phase, TrainConfig, train
-from featurelab.training.certify import certificate_at, certify
+from featurelab.training.certify import (
+    _newton_on,
+    _released,
+    _snap,
+    activation_inputs,
+    certificate_at,
+    certify,
+    identify,
+)
+from featurelab.training.critical import _Problem
 
 F64 = torch.float64
 
@@ -50,6 +59,25 @@ def test_kinked_minimiser_in_closed_form():
     assert abs(float(w[0, 1])) <= 1e-14 and abs(float(w[0, 0]) - t) <= 1e-12
     assert abs(float(net.weights[1].detach()[0, 0]) - t) <= 1e-12
     assert c.loss_after == pytest.approx(0.5 * (t * t - 1) ** 2 + 2 * lam * t * t, abs=1e-14)
+
+
+def kinked_problem(w2: float, lam: float = 0.05):
+    """The closed-form net of `kinked_data` at v = w₁ = √(1 − 2λ), w₂ given: one entry off the kink by w₂."""
+    t = math.sqrt(1 - 2 * lam)
+    net = MLP(2, 1, 1, 2, seed=3)
+    with torch.no_grad():
+        net.weights[0].copy_(torch.tensor([[t, w2]], dtype=F64))
+        net.weights[1].copy_(torch.tensor([[t]], dtype=F64))
+    return _Problem(net, kinked_data(), "mse", lam), t
+
+
+def test_the_add_rule_puts_an_entry_the_snap_drives_to_its_kink_into_k():
+    """K read too narrowly (30/β = 3e-6 < w₂ = 1e-3): the first Newton step drives a = w₂ to its kink, which a snap
+    without the add rule refuses ("changed sign"); with it the entry joins K and the snap lands on the minimiser."""
+    problem, t = kinked_problem(1e-3)
+    start, end = _snap(problem, problem.theta, 1e7, 1e-8)
+    assert not end.rule and end.slopes.numel() == 1 and end.delta <= 1e-12, end.rule
+    assert abs(float(end.theta[1])) <= 1e-14 and abs(float(end.theta[0]) - t) <= 1e-12
 
 
 def test_a_point_that_is_not_critical_is_refused():
@@ -93,6 +121,25 @@ def test_snap_on_a_small_mlp_and_the_same_bits_twice():
     # the certified point, examined as it is, passes the same certificate
     again = certificate_at(a, data, "mse", 0.02).certificate
     assert again.certified and again.kinks == c.kinks and again.clarke <= 1e-12
+
+
+def test_the_release_rule_frees_the_kinks_whose_multipliers_need_a_slope_outside_the_box():
+    """A kink set read too widely (30/β = 0.03) off an unconverged net holds an active entry whose multiplier needs a
+    slope > 1: the least-squares slopes leave [0, 1], and `_released` drops exactly the kinks whose best slope in
+    the box sits at a bound, and no other."""
+    net, data = small_mlp()
+    problem = _Problem(net, data, "mse", 0.02)
+    inputs, leaks = activation_inputs(problem, problem.theta)
+    masks, _ = identify(inputs, 30 / 1e3)
+    _, end, _ = _newton_on(problem, problem.theta, masks, leaks, 1e-8)
+    assert not end.m.feasible and end.m.rank == end.slopes.numel()
+    outside = (end.m.slopes < -1e-9) | (end.m.slopes > 1 + 1e-9)
+    at_bound = (end.slopes <= 1e-9) | (end.slopes >= 1 - 1e-9)
+    released = _released(end)
+    assert released is not None
+    kept = torch.cat([k[m] for k, m in zip(released, masks)])  # over the old K: which kinks stay
+    assert bool(outside.any()) and torch.equal(kept, ~at_bound)
+    assert all(bool((k <= m).all()) for k, m in zip(released, masks))  # nothing added
 
 
 def test_a_kink_set_too_large_for_the_dense_solve_is_refused(monkeypatch):

@@ -49,6 +49,7 @@ STAGE_ITERATIONS = 200  # Newton steps per continuation stage at most
 KINK_WIDTH = 30.0  # K = {|a| <= KINK_WIDTH/β}: softplus_β bends within a few 1/β of 0
 MIN_GAP = 1e6  # identification: min |a| off K over max |a| on K
 SNAP_ITERATIONS = 8
+SNAP_REVISIONS = 4  # new starts of the snap after the add or the release rule changed K
 SNAP_FLOOR = 1e-14  # the snap stops at this Clarke residual (rounding), or when δ stops falling
 SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on,
 SNAP_GAP = 1e2  # where the kink set stands out by this gap (and after the last stage in any case)
@@ -372,18 +373,12 @@ class _Snap:
     iterations: int
 
 
-def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float) -> tuple[_Snap, _Snap]:
-    """Identify K at the continuation's end, then Newton steps on M until δ <= tolerance/100 (or it stops
-    falling): ``(the start of the snap, its end)``."""
-    inputs, leaks = activation_inputs(problem, theta)
-    masks, _ = identify(inputs, KINK_WIDTH / beta)
+def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
+    """Newton steps on M = {a_K = 0} from θ until δ <= `SNAP_FLOOR` (or it stops falling): ``(the start, the end,
+    the entries off K whose sign the last step changed (per call) or None)``; a step that changes signs off K is
+    not taken."""
+    inputs, _ = activation_inputs(problem, theta)
     signs = [z > 0 for z in inputs]
-    refused = _too_large(masks, theta)
-    if refused:  # examined as a point without kinks, the rule kept
-        empty = [torch.zeros_like(k) for k in masks]
-        m = multipliers(problem, theta, empty, leaks)
-        point = _Snap(theta, empty, leaks, m, m.delta, m.slopes, refused, 0)
-        return point, point
     m = multipliers(problem, theta, masks, leaks)
     delta, slopes = clarke_residual(problem, theta, masks, m)
     start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
@@ -392,18 +387,67 @@ def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float)
             break
         new_theta, negative = snap_step(problem, current.theta, masks, m)
         new_inputs, _ = activation_inputs(problem, new_theta)
-        flipped = sum(int(((z > 0) != s)[~k].sum()) for z, s, k in zip(new_inputs, signs, masks))
-        if flipped:
-            return start, replace(current, rule=f"{flipped} activation inputs off the kink set changed sign")
+        flips = [((z > 0) != s) & ~k for z, s, k in zip(new_inputs, signs, masks)]
+        if any(bool(f.any()) for f in flips):
+            return start, current, flips
         m = multipliers(problem, new_theta, masks, leaks)
         delta, slopes = clarke_residual(problem, new_theta, masks, m)
         if it > 1 and delta >= current.delta:  # at rounding level, or diverging (the first step restores a_K = 0)
             stalled = current.delta > tolerance
-            return start, replace(
-                current, rule=f"the snap stopped converging (Clarke residual {delta:.2g})" if stalled else ""
-            )
-        current = _Snap(new_theta, masks, leaks, m, delta, slopes, "curvature < 0 on M" if negative else "", it)
-    return start, current
+            rule = f"the snap stopped converging (Clarke residual {delta:.2g})" if stalled else ""
+            return start, replace(current, rule=rule), None
+        # negative curvature met by the tangent solve matters while the point is not yet critical; at a critical
+        # point the reduced Hessian's Lanczos (`_verdict`) tells a saddle from a flat minimum
+        rule = "curvature < 0 on M" if negative and delta > tolerance else ""
+        current = _Snap(new_theta, masks, leaks, m, delta, slopes, rule, it)
+    return start, current, None
+
+
+def _released(end: _Snap) -> list[torch.Tensor] | None:
+    """The release rule: the kink masks without the kinks whose slope sticks at (or beyond) a bound of [leak, 1]
+    while a residual is left (their entries want to leave the kink), or None when there is none to release."""
+    if not end.slopes.numel() or end.m.rank < end.slopes.numel():
+        return None
+    stuck = (end.slopes <= end.m.low + SLOPE_SLACK) | (end.slopes >= 1 - SLOPE_SLACK)
+    if not bool(stuck.any()):
+        return None
+    out, offset = [], 0
+    for k in end.masks:
+        n = int(k.sum())
+        kept = k.clone()
+        kept[k] = ~stuck[offset : offset + n]
+        out.append(kept)
+        offset += n
+    return out
+
+
+def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float) -> tuple[_Snap, _Snap]:
+    """Identify K = {|a| <= 30/β} at the continuation's end, then Newton steps on M until δ <= tolerance/100 (or it
+    stops falling), with the add rule (entries off K whose sign a step changed join K) and the release rule
+    (`_released`), each followed by a new start from θ, at most `SNAP_REVISIONS` times: ``(the start of the last
+    snap, its end)``."""
+    inputs, leaks = activation_inputs(problem, theta)
+    masks, _ = identify(inputs, KINK_WIDTH / beta)
+    for revision in range(SNAP_REVISIONS + 1):
+        refused = _too_large(masks, theta)
+        if refused:  # examined as a point without kinks, the rule kept
+            empty = [torch.zeros_like(k) for k in masks]
+            m = multipliers(problem, theta, empty, leaks)
+            point = _Snap(theta, empty, leaks, m, m.delta, m.slopes, refused, 0)
+            return point, point
+        start, end, flips = _newton_on(problem, theta, masks, leaks, tolerance)
+        last = revision == SNAP_REVISIONS
+        if flips is not None:
+            if last:
+                flipped = sum(int(f.sum()) for f in flips)
+                return start, replace(end, rule=f"{flipped} activation inputs off the kink set changed sign")
+            masks = [k | f for k, f in zip(masks, flips)]
+            continue
+        released = None if end.m.feasible or end.delta <= tolerance or last else _released(end)
+        if released is None:
+            return start, end
+        masks = released
+    raise AssertionError("unreachable: the last revision returns")
 
 
 def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float | None) -> tuple[_Snap, _Snap, int]:
