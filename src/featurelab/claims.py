@@ -100,6 +100,21 @@ def fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
+def digits(measured: float, bound: float, allowed: float = 0.0) -> int:
+    """The significant digits that print `measured` and `bound` so that a reader sees where they differ, down
+    to the tolerance `allowed` (``atol + rtol·|bound|``) and no finer: the last digit shown sits at the
+    larger of `allowed` and ``|measured − bound|`` (then values that differ by more than the tolerance print
+    differently, and values within it agree to its resolution). At least 4, at most 15 (float64)."""
+    values = [abs(float(v)) for v in (measured, bound, allowed)]
+    if not all(math.isfinite(v) for v in values):
+        return 4
+    step = max(values[2], abs(float(measured) - float(bound)))
+    scale = max(values[0], values[1])
+    if step <= 0 or scale <= 0:
+        return 4
+    return min(15, max(4, math.floor(math.log10(scale)) - math.floor(math.log10(step)) + 1))
+
+
 def tally(claims: list[dict]) -> dict:
     """The counts of a run's claims (dicts, as in ``claims.json``): ``claims_passed``, ``claims_failed``,
     ``claims_not_measured`` and ``claims_total`` count the empirical claims only (the reproduced results);
@@ -277,10 +292,12 @@ class Threshold:
         m = self.margin(measured)
         return bool(m > 0 if self.relation in ("<", ">") else m >= 0)
 
-    @property
-    def expected(self) -> str:
-        """The report's "expected" text: ``"<relation> <bound>"``."""
-        return f"{self.relation} {fmt(float(self.bound))}"
+    def texts(self, measured: float) -> tuple[str, str]:
+        """The report's "expected" and "measured" texts for `measured`, both printed with the `digits` that
+        show their difference against this threshold's tolerance (``== 0.414214`` against ``0.414206`` at
+        ``atol=1e-6``, where 4 digits would print 0.4142 twice)."""
+        d = digits(measured, self.bound, self.atol + self.rtol * abs(float(self.bound)))
+        return f"{self.relation} {fmt(float(self.bound), d)}", fmt(float(measured), d)
 
     @property
     def tolerance(self) -> str:
@@ -330,8 +347,9 @@ def all_of_claim(
     worst = math.nan if not margins or any(math.isnan(m) for m in margins) else min(margins)
     passed = bool(pairs) and all(th.holds(v) for v, th in pairs)
     if len(pairs) == 1:
-        expected = pairs[0][1].expected if expected is None else expected
-        measured = pairs[0][0] if measured is None else measured
+        texts = pairs[0][1].texts(pairs[0][0])
+        expected = texts[0] if expected is None else expected
+        measured = texts[1] if measured is None else measured
         tolerance = pairs[0][1].tolerance if tolerance is None else tolerance
     return claim(
         statement,
@@ -370,11 +388,13 @@ def claim_from_check(
     measured side, its tolerance, verdict and margin (`margin`; inequalities count their slack ``atol +
     rtol·|bound|`` as inside)."""
     tolerance = ", ".join(f"{name}={fmt(v)}" for name, v in (("rtol", check.rtol), ("atol", check.atol)) if v)
+    bound, value = float(check.bound), float(check.measured)
+    d = digits(value, bound, check.atol + check.rtol * abs(bound))
     return claim(
         statement,
         reference,
-        f"{check.relation} {fmt(float(check.bound))}",
-        float(check.measured),
+        f"{check.relation} {fmt(bound, d)}",
+        fmt(value, d),
         check.passed,
         tolerance,
         id=id,

@@ -1,4 +1,5 @@
-"""Figure helpers: a headless matplotlib and one way to save (PNG for the report, SVG for papers)."""
+"""Figure helpers: a headless matplotlib and one way to save (PNG for the report, SVG for papers), with every
+legend beside its panel, off the curves."""
 
 from __future__ import annotations
 
@@ -14,8 +15,23 @@ from matplotlib.figure import Figure  # noqa: E402
 from .io import write_bytes  # noqa: E402
 
 
+def legends_outside(fig: Figure) -> None:
+    """Move each panel's legend of `fig` beside the panel (its upper left corner at the panel's upper right),
+    where it covers no curve. When every panel sits on the figure's grid, matplotlib's constrained layout then
+    makes room for the legends between the panels; figure-level legends are left where they are."""
+    legends = [ax.get_legend() for ax in fig.axes]
+    for ax, legend in zip(fig.axes, legends):
+        if legend is not None:
+            legend.set_loc("upper left")
+            legend.set_bbox_to_anchor((1.02, 1.0), transform=ax.transAxes)
+    if any(legends) and all(ax.get_subplotspec() is not None for ax in fig.axes):
+        fig.set_layout_engine("constrained")
+
+
 def save_figure(fig: Figure, folder: str | Path, name: str) -> list[Path]:
-    """Write `fig` as ``name.png`` (150 dpi) and ``name.svg`` into `folder` atomically; closes it."""
+    """Write `fig` as ``name.png`` (150 dpi) and ``name.svg`` into `folder` atomically, its legends beside their
+    panels (`legends_outside`) and the canvas cropped to what it draws; closes it."""
+    legends_outside(fig)
     paths = []
     for ext, dpi in (("png", 150), ("svg", "figure")):
         buf = BytesIO()

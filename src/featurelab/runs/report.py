@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
 
 from ..claims import TIERS, fmt, fmt_error_bar, fmt_margin, has_tier, tally, verdict
@@ -34,8 +33,14 @@ def _esc(x) -> str:
     return html.escape(str(x))
 
 
+def scroll(table: str) -> str:
+    """`table` (HTML) in a box that scrolls sideways when it is wider than the page (or notebook cell)."""
+    return f"<div class='scroll' style='overflow-x:auto;max-width:100%'>{table}</div>"
+
+
 def _claims_table(claims: list[dict]) -> str:
-    """The claims as an HTML table; with tier "certified" (`has_tier`) its columns beside the paper tier's."""
+    """The claims as an HTML table; with tier "certified" (`has_tier`) its columns beside the paper tier's. A
+    claim without a verdict shows why in place of its margin."""
     tiers = any(has_tier(c) for c in claims)
     cols = ["#", "statement", "reference", "expected", "tolerance", "measured", "margin"]
     cols += (
@@ -46,7 +51,7 @@ def _claims_table(claims: list[dict]) -> str:
     rows = []
     for i, c in enumerate(claims, 1):
         cells = [i, c["statement"], c["reference"], c["expected"], c["tolerance"], c["measured"]]
-        row = "".join(f"<td>{_esc(x)}</td>" for x in cells) + f"<td>{_esc(fmt_margin(c.get('margin')))}</td>"
+        row = "".join(f"<td>{_esc(x)}</td>" for x in cells) + _margin_cell(c.get("passed"), c.get("margin"), c)
         if tiers:
             row += f"<td>{_esc(fmt(c.get('stationarity'), 2) if c.get('stationarity') is not None else '')}</td>"
         row += _verdict_cell(c.get("passed"), c.get("reason", ""))
@@ -55,12 +60,21 @@ def _claims_table(claims: list[dict]) -> str:
         cls = "unmeasured" if c["passed"] is None else ("pass" if c["passed"] else "fail")
         rows.append(f"<tr class='{cls}'>{row}</tr>")
     head = "<tr>" + "".join(f"<th>{h}</th>" for h in cols) + "</tr>"
-    return f"<table>{head}{''.join(rows)}</table>"
+    return scroll(f"<table>{head}{''.join(rows)}</table>")
+
+
+def _margin_cell(passed: bool | None, margin, c: dict, reason_key: str = "reason") -> str:
+    """The margin, or for a claim without a verdict "not measured: <why>" (its reason under `reason_key`)."""
+    if passed is None:
+        why = c.get(reason_key) or "no verdict"
+        return f"<td class='unmeasured'><small>not measured: {_esc(why)}</small></td>"
+    return f"<td>{_esc(fmt_margin(margin))}</td>"
 
 
 def _verdict_cell(passed: bool | None, reason: str) -> str:
+    """The verdict; the reason of a claim that has one is beside its margin instead (`_margin_cell`)."""
     cls = "unmeasured" if passed is None else ("pass" if passed else "fail")
-    why = f"<br><small>{_esc(reason)}</small>" if reason else ""
+    why = f"<br><small>{_esc(reason)}</small>" if reason and passed is not None else ""
     return f"<td class='verdict {cls}'><b>{verdict(passed)}</b>{why}</td>"
 
 
@@ -69,11 +83,23 @@ def _certified_cells(c: dict) -> str:
     if not has_tier(c):
         return "<td></td>" * 4 + "<td>(one tier)</td>"
     delta = c.get("clarke")
-    cells = [c.get("certified_measured", ""), fmt_margin(c.get("certified_margin")), fmt_error_bar(c.get("error_bar"))]
-    cells.append(fmt(delta, 2) if delta is not None else "")
-    return "".join(f"<td>{_esc(x)}</td>" for x in cells) + _verdict_cell(
-        c.get("certified_passed"), c.get("certified_reason", "")
+    passed = c.get("certified_passed")
+    cells = _margin_cell(passed, c.get("certified_margin"), c, "certified_reason")
+    cells += "".join(f"<td>{_esc(x)}</td>" for x in (fmt_error_bar(c.get("error_bar")), fmt(delta, 2) if delta else ""))
+    return f"<td>{_esc(c.get('certified_measured', ''))}</td>{cells}" + _verdict_cell(
+        passed, c.get("certified_reason", "")
     )
+
+
+LEGEND = (
+    "<p><b>Reading the claims.</b> <i>expected</i> is the paper's value or bound and <i>tolerance</i> the slack "
+    "it allows; <i>measured</i> and <i>expected</i> are printed with the digits that show their difference down "
+    "to the tolerance. <i>Margin</i>: the signed distance of the measurement to its threshold, relative to the "
+    "threshold (for ==, the share of the tolerance left); negative: outside. <b>PASS</b> and <b>FAIL</b> are "
+    "the verdicts; <b>NOT MEASURED</b> means no verdict was given, because a unit the claim rests on failed, "
+    "is unhealthy, or is not at the critical point the claim presumes: the row says why in place of its "
+    "margin, and a value shown under <i>measured</i> is for information, not judged.</p>"
+)
 
 
 def tiers_legend() -> str:
@@ -109,7 +135,19 @@ def page_head(title: str) -> str:
 def mapping_table(mapping: dict) -> str:
     """A two-column HTML table of a flat mapping (key, value)."""
     rows = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in mapping.items())
-    return f"<table>{rows}</table>"
+    return scroll(f"<table>{rows}</table>")
+
+
+def flat_summary(summary: dict, prefix: str = "") -> dict[str, str]:
+    """A run's summary (nested dicts of numbers and lists) as a flat mapping for `mapping_table`: nested keys
+    joined by dots (``success_fraction.8``), numbers with 6 significant digits."""
+    out = {}
+    for k, v in summary.items():
+        if isinstance(v, dict) and v:
+            out |= flat_summary(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = fmt(v, 6)
+    return out
 
 
 def figures_html(folder: Path) -> list[str]:
@@ -132,7 +170,9 @@ def tables_html(folder: Path) -> list[str]:
 
 
 def _table_body(df) -> str:
-    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0) if len(df.columns) else "(empty)"
+    if not len(df.columns):
+        return "(empty)"
+    return scroll(df.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0))
 
 
 def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
@@ -166,8 +206,7 @@ def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
         f"Device {_esc(results.get('device'))}; {results.get('n_units', 0)} runs "
         f"({len(results.get('failed', {}))} failed, {len(unhealthy)} unhealthy); "
         f"wall time {results.get('seconds', 0):.1f} s.</p>",
-        "<h2>Claims</h2><p>Margin: the signed distance of the measurement to its threshold, relative to the "
-        "threshold (negative: outside).</p>" + (tiers_legend() if counts["certified_claims_total"] else ""),
+        "<h2>Claims</h2>" + LEGEND + (tiers_legend() if counts["certified_claims_total"] else ""),
         _claims_table([c for c in claims if c.get("kind") != "identity"]),
     ]
     if identity:
@@ -188,7 +227,7 @@ def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_esc(n)}</li>" for n in results["notes"]) + "</ul>")
     parts += figures_html(run) + tables_html(run)
     if results.get("summary"):
-        parts.append("<h2>Summary</h2><pre>" + _esc(_pretty(results["summary"])) + "</pre>")
+        parts.append("<h2>Summary</h2>" + mapping_table(flat_summary(results["summary"])))
     parts.append("<h2>Config</h2><pre>" + _esc(config_text) + "</pre>")
     if results.get("unit_seconds"):
         parts.append(_timings(results["unit_seconds"], results.get("certify_seconds", {})))
@@ -223,7 +262,7 @@ def certificates_html(folder: Path) -> list[str]:
         "<h2>Certificates</h2><p>Each certified unit's critical point (<code>units/&lt;id&gt;/certified.safetensors"
         "</code>, <code>certificate.json</code>): δ is the Clarke residual; a unit passes when δ meets its "
         "tolerance and no rule failed.</p>",
-        f"<table><tr>{head}</tr>{''.join(rows)}</table>",
+        scroll(f"<table><tr>{head}</tr>{''.join(rows)}</table>"),
     ]
 
 
@@ -234,7 +273,7 @@ def _timings(seconds: dict, certify: dict) -> str:
     for k, v in seconds.items():
         cert = (f"<td>{certify[k]:.2f}</td>" if k in certify else "<td></td>") if certify else ""
         rows.append(f"<tr><td>{_esc(k)}</td><td>{v:.2f}</td>{cert}</tr>")
-    return f"<h2>Timings</h2><table><tr><th>run</th><th>seconds</th>{extra}</tr>{''.join(rows)}</table>"
+    return "<h2>Timings</h2>" + scroll(f"<table><tr><th>run</th><th>seconds</th>{extra}</tr>{''.join(rows)}</table>")
 
 
 def _certified_headline(counts: dict) -> str:
@@ -253,7 +292,3 @@ def yaml_text(path: Path) -> str:
         return ""
     read_yaml(path, kind=dict, fix=FIX)
     return path.read_text(encoding="utf-8")
-
-
-def _pretty(obj) -> str:
-    return json.dumps(obj, indent=2)
