@@ -96,7 +96,7 @@ def test_a_damaged_unit_of_an_unfinished_run_is_refused_before_it_is_skipped(fin
     path.write_bytes(flip(path.read_bytes()))
     with pytest.raises(FeaturelabError) as exc:
         tiny(run, resume=True)
-    assert path.name in str(exc.value) and "--resume" in str(exc.value)
+    assert path.name in str(exc.value) and "resume=True" in str(exc.value)  # the Python API names its keyword
 
 
 def test_a_finished_run_without_its_manifest_is_refused(finished, tmp_path):

@@ -367,7 +367,7 @@ def test_a_full_disk_in_a_paper_preset_is_one_line_and_resume_gives_the_uninterr
         run_experiment("leaky-hamiltonian", "tiny", out=run, workers=1, progress=False)
     assert str(exc.value) == (
         f"cannot write '{run / written[n - 1]}': No space left on device; free space on its file system, "
-        "then continue with the same command plus --resume"
+        "then continue with the same call with resume=True"  # the Python API names its keyword
     )
     assert exc.value.exit_code == 1 and not temporaries(run) and not (run / "results.json").exists()
     check_complete(run)

@@ -41,6 +41,7 @@ def _cmd_run(args) -> int:
         device=args.device,
         seed=args.seed,
         resume=args.resume,
+        overwrite=args.force,
         workers=args.workers,
         threads=args.threads,
         progress=None if not args.quiet else False,
@@ -294,6 +295,7 @@ def _add_run(sub) -> None:
     r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     r.add_argument("--seed", type=int, default=None, help="master seed (default: the preset's)")
     r.add_argument("--resume", action="store_true", help="continue an unfinished run in --out")
+    r.add_argument("--force", action="store_true", help="remove the run in --out first and start over")
     r.add_argument("--workers", type=int, default=None, help="worker processes for sweeps (default: cores)")
     r.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -423,7 +425,10 @@ def _main(argv: list[str] | None) -> int:
             from .training._kernels.gemm import onednn_products
 
             onednn_products()  # a bad FEATURELAB_GEMM is one line before anything is written
-        return args.func(args)
+        from .spelling import command_line
+
+        with command_line():  # errors name the command's flags (--resume), not the Python keywords
+            return args.func(args)
     except FeaturelabError as exc:
         print(f"featurelab: error: {exc}", file=sys.stderr)
         return exc.exit_code  # 2; 1 for a run that cannot go on writing its folder

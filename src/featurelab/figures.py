@@ -3,6 +3,8 @@ legend beside its panel, off the curves."""
 
 from __future__ import annotations
 
+import base64
+import html
 from io import BytesIO
 from pathlib import Path
 
@@ -41,3 +43,18 @@ def save_figure(fig: Figure, folder: str | Path, name: str) -> list[Path]:
         paths.append(path)
     plt.close(fig)
     return paths
+
+
+def png_tag(png: bytes, alt: str) -> str:
+    """An HTML ``<img>`` holding the PNG bytes `png` inline (base64), at most as wide as its box."""
+    data = base64.b64encode(png).decode()
+    return f"<img alt='{html.escape(alt, quote=True)}' style='max-width:100%' src='data:image/png;base64,{data}'>"
+
+
+def inline_png(fig: Figure, alt: str, dpi: int = 100) -> str:
+    """`fig` as an inline PNG ``<img>`` (`png_tag`), its legends beside their panels; closes it."""
+    legends_outside(fig)
+    buf = BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight", dpi=dpi)
+    plt.close(fig)
+    return png_tag(buf.getvalue(), alt)

@@ -22,11 +22,9 @@ import socket
 import tempfile
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from ..errors import FeaturelabError
 from ..io import write_bytes
-from .work import UnitOutcome, WorkItem, execute
+from .work import BuildError, UnitOutcome, WorkItem, execute
 
 CONNECT_TIMEOUT = 10.0  # seconds to wait for a Ray cluster's head to accept a connection
 
@@ -148,9 +146,7 @@ def run_remote(item: WorkItem, files_in: list[dict[str, bytes]]):
         return outcomes, [pack(f) for f in folders]
 
 
-def run_items(
-    items: list[WorkItem], run_dir: Path, record, *, address: str | None, retries: int, threads: int, show: bool
-) -> None:
+def run_items(items: list[WorkItem], run_dir: Path, record, *, address: str | None, retries: int, threads: int) -> None:
     """Submit each work item as a Ray task with `retries` retries; write each finished item's files
     under `run_dir` and pass its outcomes to `record`. An item whose task still fails is recorded as
     failed for each of its units."""
@@ -163,13 +159,14 @@ def run_items(
     for item in items:
         ref = task.remote(item, [pack(Path(f)) for f in item.folders])
         refs[ref] = (item.units, item.folders)
-    bar = tqdm(total=len(refs), desc="ray", disable=not show, leave=False)
     waiting = list(refs)
     while waiting:
         done, waiting = ray.wait(waiting, num_returns=1)
         units, folders = refs[done[0]]
         try:
             outcomes, files = ray.get(done[0])
+        except BuildError as exc:  # a unit's build raised (Ray's error subclasses it): no retry mends it
+            raise BuildError(str(getattr(exc, "cause", exc))) from None
         except Exception as exc:  # the task failed (its worker or node died, or the cluster went away)
             msg = (str(exc).strip().splitlines() or [""])[0]
             why = f"ray task failed: {type(exc).__name__}: {msg} (Ray retries a task whose worker dies {retries} times)"
@@ -178,5 +175,3 @@ def run_items(
             for folder, fs in zip(folders, files):
                 unpack(fs, Path(folder))
             record(outcomes)
-        bar.update(1)
-    bar.close()

@@ -7,12 +7,12 @@ any parameters: checks of the code) in a section of their own, never counted in 
 
 from __future__ import annotations
 
-import base64
 import html
 from pathlib import Path
 
 from ..claims import TIERS, fmt, fmt_error_bar, fmt_margin, has_tier, tally, verdict
 from ..errors import FeaturelabError
+from ..figures import png_tag
 from ..io import read_csv, read_json, read_yaml, write_text
 
 STYLE = """
@@ -39,8 +39,8 @@ def scroll(table: str) -> str:
 
 
 def _claims_table(claims: list[dict]) -> str:
-    """The claims as an HTML table; with tier "certified" (`has_tier`) its columns beside the paper tier's. A
-    claim without a verdict shows why in place of its margin."""
+    """The claims as an HTML table, each statement with its id; with tier "certified" (`has_tier`) its columns
+    beside the paper tier's. A claim without a verdict shows why in place of its margin."""
     tiers = any(has_tier(c) for c in claims)
     cols = ["#", "statement", "reference", "expected", "tolerance", "measured", "margin"]
     cols += (
@@ -50,8 +50,10 @@ def _claims_table(claims: list[dict]) -> str:
     )
     rows = []
     for i, c in enumerate(claims, 1):
-        cells = [i, c["statement"], c["reference"], c["expected"], c["tolerance"], c["measured"]]
-        row = "".join(f"<td>{_esc(x)}</td>" for x in cells) + _margin_cell(c.get("passed"), c.get("margin"), c)
+        claim_id = f"<br><small><code>{_esc(c['id'])}</code></small>" if c.get("id") else ""
+        row = f"<td>{i}</td><td>{_esc(c['statement'])}{claim_id}</td>"
+        row += "".join(f"<td>{_esc(c[k])}</td>" for k in ("reference", "expected", "tolerance", "measured"))
+        row += _margin_cell(c.get("passed"), c.get("margin"), c)
         if tiers:
             row += f"<td>{_esc(fmt(c.get('stationarity'), 2) if c.get('stationarity') is not None else '')}</td>"
         row += _verdict_cell(c.get("passed"), c.get("reason", ""))
@@ -150,14 +152,14 @@ def flat_summary(summary: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def figures_html(folder: Path) -> list[str]:
-    """Every ``folder/figures/*.png`` inline (base64), with a caption naming its SVG twin."""
+def figures_html(folder: Path, level: int = 2) -> list[str]:
+    """Every ``folder/figures/*.png`` inline (base64), with a caption naming its SVG twin, under a heading of
+    `level`."""
     figs = sorted((folder / "figures").glob("*.png")) if (folder / "figures").exists() else []
-    parts = ["<h2>Figures</h2>"] if figs else []
+    parts = [f"<h{level}>Figures</h{level}>"] if figs else []
     for f in figs:
-        data = base64.b64encode(f.read_bytes()).decode()
         parts.append(
-            f"<figure><img alt='{_esc(f.stem)}' src='data:image/png;base64,{data}'>"
+            f"<figure>{png_tag(f.read_bytes(), f.stem)}"
             f"<figcaption>{_esc(f.stem)} (also <code>figures/{_esc(f.stem)}.svg</code>)</figcaption></figure>"
         )
     return parts
@@ -179,42 +181,17 @@ def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
     """Write ``run_dir/report.html`` from the run's files and return its path; `results` is the run
     record (default: the folder's ``results.json``). Every file read is checked (one-line errors)."""
     run = Path(run_dir)
-    if results is None:
-        if not (run / "results.json").exists():
-            raise FeaturelabError(
-                f"run folder '{run}' has no results.json: it is not a finished featurelab run "
-                "(finish it with `featurelab run EXP --out DIR --resume`)"
-            )
-        results = read_json(run / "results.json", kind=dict, fix=FIX)
-        for key in ("experiment", "preset"):
-            if not isinstance(results.get(key), str):
-                raise FeaturelabError(f"'{run / 'results.json'}' lacks {key!r}; {FIX}")
+    results = results if results is not None else read_results(run)
     claims = check_claims(run)
     config_text = yaml_text(run / "config.yaml")
-    counts = tally(claims)
-    n_none = counts["claims_not_measured"]
-    unmeasured = f" {n_none} not measured." if n_none else ""
-    identity = [c for c in claims if c.get("kind") == "identity"]
-    checks = f" Checks of the code: {counts['identity_passed']} of {counts['identity_total']} pass." if identity else ""
     unhealthy = results.get("unhealthy", {})
     parts = [
         page_head(results["experiment"]),
         f"<h1>{_esc(results['experiment'])} <small>({_esc(results['preset'])})</small></h1>",
         f"<p>{_esc(results.get('summary_text', ''))}</p><p><b>Reference:</b> {_esc(results.get('reference', ''))}</p>",
-        f"<p class='summary'><b>Claims: {counts['claims_passed']} of {counts['claims_total']} pass.{unmeasured}</b>"
-        f"{_certified_headline(counts)}{checks} "
-        f"Device {_esc(results.get('device'))}; {results.get('n_units', 0)} runs "
-        f"({len(results.get('failed', {}))} failed, {len(unhealthy)} unhealthy); "
-        f"wall time {results.get('seconds', 0):.1f} s.</p>",
-        "<h2>Claims</h2>" + LEGEND + (tiers_legend() if counts["certified_claims_total"] else ""),
-        _claims_table([c for c in claims if c.get("kind") != "identity"]),
+        headline(results, claims),
+        *claims_sections(claims),
     ]
-    if identity:
-        parts += [
-            "<h2>Checks of the code</h2><p>Identities that hold for any parameters: they check the code, "
-            "not what training found, and are never counted as reproduced results.</p>",
-            _claims_table(identity),
-        ]
     for title, entries in (("Failed runs", results.get("failed")), ("Unhealthy runs", unhealthy)):
         if entries:
             parts.append(
@@ -236,6 +213,86 @@ def render_report(run_dir: str | Path, results: dict | None = None) -> Path:
     path = run / "report.html"
     write_text(path, "\n".join(parts))
     return path
+
+
+def read_results(run: Path) -> dict:
+    """The ``results.json`` of the finished run in `run`, checked to name its experiment and preset."""
+    if not (run / "results.json").exists():
+        raise FeaturelabError(
+            f"run folder '{run}' has no results.json: it is not a finished featurelab run "
+            "(finish it with `featurelab run EXP --out DIR --resume`)"
+        )
+    results = read_json(run / "results.json", kind=dict, fix=FIX)
+    for key in ("experiment", "preset"):
+        if not isinstance(results.get(key), str):
+            raise FeaturelabError(f"'{run / 'results.json'}' lacks {key!r}; {FIX}")
+    return results
+
+
+def headline(results: dict, claims: list[dict]) -> str:
+    """The report's headline: how many empirical claims pass (and in tier "certified"), how many checks of the
+    code, the device, the runs (failed, unhealthy) and the wall time."""
+    counts = tally(claims)
+    n_none = counts["claims_not_measured"]
+    unmeasured = f" {n_none} not measured." if n_none else ""
+    checks = (
+        f" Checks of the code: {counts['identity_passed']} of {counts['identity_total']} pass."
+        if counts["identity_total"]
+        else ""
+    )
+    return (
+        f"<p class='summary'><b>Claims: {counts['claims_passed']} of {counts['claims_total']} pass.{unmeasured}</b>"
+        f"{_certified_headline(counts)}{checks} "
+        f"Device {_esc(results.get('device'))}; {results.get('n_units', 0)} runs "
+        f"({len(results.get('failed', {}))} failed, {len(results.get('unhealthy', {}))} unhealthy); "
+        f"wall time {results.get('seconds', 0):.1f} s.</p>"
+    )
+
+
+def claims_sections(claims: list[dict], level: int = 2) -> list[str]:
+    """The claims' sections, headed at `level`: the legend (and the tiers' where the run certifies), the
+    empirical claims' table, and the identity claims (checks of the code) apart."""
+    identity = [c for c in claims if c.get("kind") == "identity"]
+    tiers = tiers_legend() if tally(claims)["certified_claims_total"] else ""
+    empirical = [c for c in claims if c.get("kind") != "identity"]
+    parts = [f"<h{level}>Claims</h{level}>" + LEGEND + tiers, _claims_table(empirical)]
+    if identity:
+        parts += [
+            f"<h{level}>Checks of the code</h{level}><p>Identities that hold for any parameters: they check the "
+            "code, not what training found, and are never counted as reproduced results.</p>",
+            _claims_table(identity),
+        ]
+    return parts
+
+
+NOTEBOOK_STYLE = """<style>
+.featurelab-run td,.featurelab-run th{border:1px solid #ccc;padding:.2em .4em;vertical-align:top}
+.featurelab-run tr.pass td.verdict{background:#dff5df;color:#145214}
+.featurelab-run tr.fail td.verdict{background:#fbdcdc;color:#8a1010}
+.featurelab-run td.unmeasured,.featurelab-run tr.unmeasured td.verdict{background:#eee;color:#555}
+</style>"""
+
+
+def record_html(run: Path, claims: list[dict], summary: dict, problems: str = "") -> str:
+    """A finished run inline in a notebook (self-contained, escaped): its headline, the claims (both tiers where
+    the run has them) with their legend, its failed or unhealthy units (`problems`), the summary as a table and
+    the run's figures (PNG, inline), read from the folder `run`."""
+    results = read_results(run) if (run / "results.json").exists() else {"experiment": run.name, "preset": ""}
+    preset = f" <small>({_esc(results['preset'])})</small>" if results.get("preset") else ""
+    parts = [
+        NOTEBOOK_STYLE,
+        "<div class='featurelab-run'>",
+        f"<h3>{_esc(results['experiment'])}{preset}</h3>",
+        headline(results, claims),
+        f"<p>Folder <code>{_esc(run)}</code>; report <code>{_esc(run / 'report.html')}</code>.</p>",
+    ]
+    if problems:
+        parts.append(f"<p><b>{_esc(problems)}</b></p>")
+    parts += claims_sections(claims, level=4)
+    if summary:
+        parts.append("<h4>Summary</h4>" + mapping_table(flat_summary(summary)))
+    parts += figures_html(run, level=4)
+    return "\n".join([*parts, "</div>"])
 
 
 CERTIFICATE_COLUMNS = ("certified", "clarke", "previous_clarke", "stationarity", "kinks", "gap", "jacobian_rank")

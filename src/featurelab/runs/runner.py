@@ -23,6 +23,7 @@ unhealthy units says so
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,11 +36,12 @@ from ..errors import FeaturelabError, WriteError
 from ..experiments import get_experiment
 from ..experiments.base import AnalysisContext
 from ..figures import save_figure
-from ..io import read_json, read_yaml, write_json, write_text, write_yaml
+from ..io import TEMPORARY, read_json, read_yaml, write_error, write_json, write_text, write_yaml
 from ..runtime import check_memory, resolve_device, tune_cpu, versions
+from ..spelling import option, out_folder
 from .lock import LOCK_NAME, RunLock
-from .manifest import verify_run, write_manifest
-from .report import check_claims, render_report
+from .manifest import MANIFEST, verify_run, write_manifest
+from .report import check_claims, record_html, render_report
 from .sweep import check_backend, run_units
 from .work import one_line
 
@@ -73,6 +75,18 @@ class RunRecord:
             if d
         ]
         return f"units {'; '.join(parts)}: claims resting on them are not measured" if parts else ""
+
+    def __repr__(self) -> str:
+        n = tally(self.claims)
+        return (
+            f"RunRecord('{self.dir}': claims {n['claims_passed']}/{n['claims_total']} pass, "
+            f"all_passed={self.all_passed}, report='{self.report}')"
+        )
+
+    def _repr_html_(self) -> str:
+        """The run inline in a notebook (`featurelab.runs.report.record_html`): headline, claims in both tiers
+        where the run has them, the summary and the figures of its folder."""
+        return record_html(self.dir, self.claims, self.summary, self.problems)
 
 
 def resolve_config(name: str, preset: str = "quick", overrides: dict | None = None, seed: int | None = None):
@@ -130,35 +144,62 @@ def _check_build_memory(exp, cfg) -> None:
         check_memory(f"unit {unit['id']} of {exp.name} (parameters, gradients, optimizer state)", n_bytes)
 
 
-def _check_arguments(out, workers, threads, resume, batch, retries) -> Path | None:
+def _check_arguments(out, workers, threads, resume, overwrite, batch, retries) -> Path | None:
     if out is not None and not isinstance(out, (str, os.PathLike)):
         raise FeaturelabError(f"out={out!r} is not allowed: it must be a folder path (str or Path)")
     for arg, value in (("workers", workers), ("threads", threads)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise FeaturelabError(f"{arg}={value!r} is not allowed: it must be an integer >= 1")
-    for arg, value in (("resume", resume), ("batch", batch)):
+    for arg, value in (("resume", resume), ("overwrite", overwrite), ("batch", batch)):
         if not isinstance(value, bool):
             raise FeaturelabError(f"{arg}={value!r} is not allowed: it must be True or False")
+    if resume and overwrite:
+        raise FeaturelabError(
+            f"{option('resume')} and {option('overwrite')} exclude each other: continue the run or start it over"
+        )
     return Path(out) if out is not None else None
 
 
 def check_run_folder(run: Path) -> None:
     """A one-line error unless `run` can be a run folder: a folder (or nothing yet) under a folder this
     user may write, not inside another run's folder."""
+    where = out_folder(run)
     for folder in run.resolve().parents:
         if os.path.isfile(folder / "config.yaml") and (
             os.path.isdir(folder / "units") or os.path.isfile(folder / "results.json")
         ):
-            raise FeaturelabError(f"--out '{run}' lies inside the run folder '{folder}'; choose a folder outside it")
+            raise FeaturelabError(f"{where} lies inside the run folder '{folder}'; choose a folder outside it")
     if run.exists() and not run.is_dir():
-        raise FeaturelabError(f"--out '{run}' is a file, not a folder; choose a folder path")
+        raise FeaturelabError(f"{where} is a file, not a folder; choose a folder path")
     parent = run
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise FeaturelabError(f"--out '{run}' lies under the file '{parent}'; choose a folder path")
+        raise FeaturelabError(f"{where} lies under the file '{parent}'; choose a folder path")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise FeaturelabError(f"--out '{run}' cannot be written (no write permission in '{parent}'); choose another")
+        raise FeaturelabError(f"{where} cannot be written (no write permission in '{parent}'); choose another")
+
+
+RUN_ENTRIES = ("config.yaml", "units", "figures", "tables", "claims.json", "report.html", "results.json", MANIFEST)
+
+
+def clear_run_folder(run: Path) -> None:
+    """Remove the run in folder `run` (``overwrite=True``), keeping its lock: ``results.json`` and the manifest
+    first (it no longer looks finished), ``config.yaml`` last (until then it still reads as a run, so an
+    interrupted removal is simply repeated). A folder holding anything a run does not write (`RUN_ENTRIES`,
+    the lock, temporaries) is refused in one line and left as it is."""
+    entries = [p for p in run.iterdir() if p.name != LOCK_NAME and not TEMPORARY.fullmatch(p.name)]
+    foreign = sorted(p.name for p in entries if p.name not in RUN_ENTRIES)
+    if foreign or not (run / "config.yaml").is_file():
+        what = f"holds {foreign[0]!r}, which no run writes" if foreign else "holds no config.yaml"
+        raise FeaturelabError(
+            f"{option('overwrite')} removes only a featurelab run folder, and '{run}' {what}; choose another folder"
+        )
+    for p in sorted(entries, key=lambda p: (p.name != "results.json", p.name != MANIFEST, p.name == "config.yaml")):
+        try:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        except OSError as exc:
+            raise write_error(p, exc) from None
 
 
 def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
@@ -292,20 +333,26 @@ def run_experiment(
     backend: str = "local",
     address: str | None = None,
     retries: int = 2,
+    overwrite: bool = False,
 ) -> RunRecord:
     """Run experiment `name` and write its run folder (default ``runs/<name>-<preset>``).
 
     resume: continue an unfinished run in `out` (finished units are skipped, a unit's training
         continues from its checkpoint); the config must equal the stored one. A finished run is only
-        reported (`RunRecord.already_finished`), never changed. Without it an existing run folder is an
-        error, never overwritten.
+        reported (`RunRecord.already_finished`), never changed. Without it (or `overwrite`) an existing run
+        folder is an error.
+    overwrite: remove the run in `out` first and start over (only a folder a featurelab run wrote is removed:
+        `clear_run_folder`); excludes `resume`.
+    progress: bars over the units and each unit's training steps, with the time left (None: shown in a terminal
+        or a notebook; False: quiet).
     workers: worker processes for the sweep (default: cores); threads: torch threads per worker.
     batch: train same-shape runs of the sweep as batched ensembles (default True; docs/scale.md).
     backend: "local" (worker processes) or "ray" (tasks on the Ray cluster at `address` or
         ``RAY_ADDRESS``, each re-run up to `retries` times if its worker dies).
-    Every argument and config field is checked before the folder is created or changed.
+    Every argument and config field is checked before the folder is created or changed. A unit whose
+    ``build`` raises stops the run at once, naming the unit (`featurelab.runs.work.BuildError`).
     """
-    run = _check_arguments(out, workers, threads, resume, batch, retries)
+    run = _check_arguments(out, workers, threads, resume, overwrite, batch, retries)
     exp, cfg = resolve_config(name, preset, overrides, seed)
     dev = str(resolve_device(device))
     tune_cpu(dev)  # process-wide: denormals flushed, freed memory kept (docs/scale.md, "CPU tuning")
@@ -316,50 +363,37 @@ def run_experiment(
         reachable(address)
     run = run if run is not None else Path("runs") / f"{name}-{preset}"
     check_run_folder(run)
+    sweep_args = dict(
+        device=dev,
+        resume=resume,
+        workers=workers,
+        threads=threads,
+        progress=progress,
+        batch=batch,
+        backend=backend,
+        address=address,
+        retries=retries,
+    )
+    return _locked_run(exp, cfg, run, preset, sweep_args, overwrite)
+
+
+def _locked_run(exp, cfg, run: Path, preset: str, sweep_args: dict, overwrite: bool) -> RunRecord:
+    """Hold the lock of folder `run` while it is prepared (`_prepare`) and the run is made (`_run`). A write
+    that fails says how to go on; a folder this call created and wrote nothing into is removed again."""
     created = not run.exists()
-    lock = RunLock(run, wait="wait for it to finish (then --resume) or choose another --out").acquire()
+    wait = f"wait for it to finish (then {option('resume')}) or choose another folder ({option('new_out')})"
+    lock = RunLock(run, wait=wait).acquire()
     started = False  # config.yaml written: from now on the folder holds a resumable run
     try:
-        cfg_dict = cfg.model_dump(mode="json")
-        stored = run / "config.yaml"
-        if stored.exists():
-            if not resume:
-                raise FeaturelabError(
-                    f"run folder '{run}' already exists: pass --resume to continue it, or --out DIR for a new run"
-                )
-            if (run / "results.json").exists():
-                verify_run(run)  # a finished run's files, its config included, as they were written
-            fix = "restore it, or start again with a new --out"
-            diff = _first_difference(read_yaml(stored, kind=dict, fix=fix), cfg_dict)
-            if diff:
-                raise FeaturelabError(
-                    f"--resume with a different config than the one in '{run}' ({diff}); "
-                    "use the same settings or a new --out"
-                )
-            if (run / "results.json").exists():
-                record = finished_record(run)
-                if not record.failed:  # complete: never changed; a run with failed units re-runs them
-                    return record
-        elif any(p.name != LOCK_NAME for p in run.iterdir()):
-            raise FeaturelabError(f"--out '{run}' is a non-empty folder that is not a featurelab run; choose another")
-        write_yaml(stored, cfg_dict)
+        record = _prepare(run, cfg, sweep_args["resume"], overwrite)
+        if record is not None:
+            return record
         created, started = False, True
-        sweep_args = dict(
-            device=dev,
-            resume=resume,
-            workers=workers,
-            threads=threads,
-            progress=progress,
-            batch=batch,
-            backend=backend,
-            address=address,
-            retries=retries,
-        )
         return _run(exp, cfg, run, preset, sweep_args)
     except WriteError as exc:  # a full disk, say: nothing is half-written, the run goes on once the cause is gone
         if started:
-            raise exc.then("continue with the same command plus --resume", exit_code=1) from None
-        raise exc.then("run the same command again") from None
+            raise exc.then(f"continue with {option('again')}", exit_code=1) from None
+        raise exc.then("run the same command again" if option("resume") == "--resume" else "call again") from None
     finally:
         lock.release()
         if created:  # nothing but the lock file was written: leave no folder behind
@@ -368,6 +402,40 @@ def run_experiment(
                 run.rmdir()
             except OSError:
                 pass
+
+
+def _prepare(run: Path, cfg, resume: bool, overwrite: bool) -> RunRecord | None:
+    """Make the locked folder `run` ready and write its ``config.yaml``; or return the record of the finished
+    run it holds (`resume`). An existing run is continued (`resume`, same config only), removed (`overwrite`)
+    or refused; a non-empty folder that holds no run is refused."""
+    cfg_dict = cfg.model_dump(mode="json")
+    stored = run / "config.yaml"
+    if overwrite and any(p.name != LOCK_NAME for p in run.iterdir()):
+        clear_run_folder(run)
+    if stored.exists():
+        if not resume:
+            raise FeaturelabError(
+                f"run folder '{run}' already exists: pass {option('resume')} to continue it, {option('overwrite')} "
+                f"to start over, or {option('new_out')} for a new run"
+            )
+        if (run / "results.json").exists():
+            verify_run(run)  # a finished run's files, its config included, as they were written
+        diff = _first_difference(
+            read_yaml(stored, kind=dict, fix="restore it, or start again in a new folder"), cfg_dict
+        )
+        if diff:
+            raise FeaturelabError(
+                f"{option('resume')} with a different config than the one in '{run}' ({diff}); use the same "
+                f"settings, {option('overwrite')} to start over, or {option('new_out')}"
+            )
+        if (run / "results.json").exists():
+            record = finished_record(run)
+            if not record.failed:  # complete: never changed; a run with failed units re-runs them
+                return record
+    elif any(p.name != LOCK_NAME for p in run.iterdir()):
+        raise FeaturelabError(f"{out_folder(run)} is a non-empty folder that is not a featurelab run; choose another")
+    write_yaml(stored, cfg_dict)
+    return None
 
 
 def tier_results(results: dict[str, dict], point: str) -> dict[str, dict]:
@@ -419,7 +487,7 @@ def _run(exp, cfg, run: Path, preset: str, sweep_args: dict) -> RunRecord:
         raise FeaturelabError(
             f"the analysis of {name} cannot do without its {len(sweep.failed)} failed units "
             f"({', '.join(sweep.failed)}; first: {next(iter(sweep.failed.values()))}) [{one_line(exc)}]; "
-            "fix their cause (units/<id>/error.txt) and run again with --resume"
+            f"fix their cause (units/<id>/error.txt) and continue with {option('again')}"
         ) from None
     certified, previous, why = _tier_claims(exp, cfg, sweep.results, AnalysisContext(run, dev, dict(sweep.failed)))
     paper = _claim_gate(list(analysis.claims), unhealthy)

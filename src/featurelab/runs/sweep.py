@@ -35,14 +35,16 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ..config import ExperimentConfig
 from ..errors import FeaturelabError, WriteError
 from ..experiments.base import Experiment
 from ..io import digest, read_json
+from ..progress import progress_bar, show_progress
+from ..spelling import option
 from .manifest import verify_unit
-from .work import UnitOutcome, WorkItem, execute, one_line
+from .work import BuildError, UnitOutcome, WorkItem, build_unit, execute, one_line
 
 BACKENDS = ("local", "ray")
 
@@ -112,7 +114,7 @@ def finished(run_dir: Path, unit_id: str, cfg: ExperimentConfig) -> dict | None:
     path = folder / "result.json"
     if not path.exists():
         return None
-    fix = f"delete the folder '{folder}' and run again with --resume to redo this unit"
+    fix = f"delete the folder '{folder}' and continue with {option('again')} to redo this unit"
     record = read_json(path, checksum=True, kind=dict, fix=fix)
     if record.get("config") != digest(cfg.model_dump(mode="json")):
         raise FeaturelabError(f"'{path}' was written for a different config than this run's; {fix}")
@@ -197,11 +199,10 @@ def plan(
     (each worker then trains one ensemble). On CUDA a group is packed into as few ensembles as fit in
     the free GPU memory (`cuda_capacity`). The members of an interrupted ensemble
     (`_interrupted_ensembles`) form one item again, in their order; other units with a checkpoint, and
-    units whose build fails, stay single."""
+    units whose `ensemble_key` cannot be taken, stay single. A build that raises stops the sweep at once
+    (`featurelab.runs.work.BuildError`, naming the unit)."""
     if not batch or exp.build is None or len(pending) < 2:
         return [[u] for u in pending], {}
-    from ..training.ensemble import ensemble_key
-
     groups: dict[object, list[dict]] = {}
     built: dict[str, object] = {}
     singles = []
@@ -209,22 +210,31 @@ def plan(
     for u in pending:
         key = None
         if u["id"] in resumed:  # an interrupted ensemble resumes as itself (bit-identical)
-            try:
-                built[u["id"]] = exp.build(cfg, u)
-                key = resumed[u["id"]]
-            except Exception:  # the unit runs alone and reports its own error
-                key = None
+            built[u["id"]] = build_unit(exp, cfg, u, unit_dir(run_dir, u["id"]))
+            key = resumed[u["id"]]
         elif not (unit_dir(run_dir, u["id"]) / "checkpoint.safetensors").exists():
-            try:
-                job = exp.build(cfg, u)
-                key = ensemble_key(job.model, job.data, job.config)
-                built[u["id"]] = job
-            except Exception:  # the unit runs alone and reports its own error
-                key = None
+            built[u["id"]] = build_unit(exp, cfg, u, unit_dir(run_dir, u["id"]))
+            key = _ensemble_key(built[u["id"]])
         if key is None:
             singles.append([u])
         else:
             groups.setdefault(key, []).append(u)
+    return _cut(groups, built, len(pending), workers, device) + singles, built
+
+
+def _ensemble_key(job) -> object:
+    """`ensemble_key` of a built unit, or None when its model or data cannot be keyed (it then runs alone)."""
+    from ..training.ensemble import ensemble_key
+
+    try:
+        return ensemble_key(job.model, job.data, job.config)
+    except Exception:  # not batchable: the unit runs alone, its training reports its own errors
+        return None
+
+
+def _cut(groups: dict[object, list[dict]], built: dict, n_pending: int, workers: int, device: str) -> list[list]:
+    """The work items of `plan`'s groups: an interrupted ensemble's members in its order; on CUDA as many
+    members per item as fit (`cuda_capacity`); on CPUs near-equal items, about `workers` in all."""
     items = []
     for key, members in groups.items():
         if isinstance(key, tuple) and key[:1] == ("resume",):  # its members, in the ensemble's order
@@ -234,10 +244,10 @@ def plan(
         if device.startswith("cuda"):
             size = cuda_capacity(built[members[0]["id"]], device)
         else:
-            chunks = min(len(members), max(1, round(workers * len(members) / len(pending))))
+            chunks = min(len(members), max(1, round(workers * len(members) / n_pending)))
             size = math.ceil(len(members) / chunks)
         items += [members[i : i + size] for i in range(0, len(members), size)]
-    return items + singles, built
+    return items
 
 
 def run_units(
@@ -261,20 +271,15 @@ def run_units(
     workers: local worker processes (default: as many as cores, at most one per work item; 1 runs
         in-process); ignored by the ray backend, which uses the cluster's CPUs.
     threads: torch threads per worker or Ray task (default 1).
+    progress: bars (None: in a terminal or a notebook, `featurelab.progress.show_progress`): one over the
+        units, and in-process one over each unit's training steps, with the time left.
     batch: train fresh same-shape ``build``/``finish`` units as batched ensembles (default True).
     backend: "local" or "ray"; address: the Ray cluster (``HOST:PORT``; default ``RAY_ADDRESS``);
     retries: how often Ray re-runs a task whose worker died before the units are reported failed.
+    A unit whose ``build`` raises stops the sweep at once (`featurelab.runs.work.BuildError`).
     """
     check_backend(backend, retries)
-    outcome = SweepOutcome()
-    pending = []
-    for unit in units:
-        done = finished(run_dir, unit["id"], cfg)
-        if done is not None:
-            outcome.results[unit["id"]] = done
-            outcome.skipped.append(unit["id"])
-        else:
-            pending.append(unit)
+    outcome, pending = _finished_units(units, run_dir, cfg)
     if not pending:
         return outcome
     n_workers = workers or os.cpu_count() or 1
@@ -282,7 +287,7 @@ def run_units(
     # one ensemble per worker
     groups, built = plan(exp, cfg, pending, run_dir, batch=batch, workers=n_workers, device=device)
     outcome.ensembles = [len(g) for g in groups if len(g) > 1]
-    show = sys.stderr.isatty() if progress is None else progress  # bars on a terminal, quiet in logs
+    show = show_progress(progress)
     n = min(n_workers, len(groups))
     in_process = backend == "local" and n == 1  # then the units built by `plan` are trained as built
     items = [
@@ -298,6 +303,40 @@ def run_units(
         )
         for g in groups
     ]
+    bar = progress_bar(total=len(pending), show=show and len(pending) > 1, desc=exp.name, unit="unit", leave=False)
+    record = _recorder(outcome, bar)
+    try:
+        if backend == "ray":
+            from .ray_backend import run_items
+
+            run_items(items, run_dir, record, address=address, retries=retries, threads=threads)
+        elif n == 1:
+            for it in items:
+                record(execute(it, progress=show))
+        else:
+            _run_pool(items, n, record)
+    finally:
+        bar.close()
+    # keep the units' order
+    outcome.results = {u["id"]: outcome.results[u["id"]] for u in units if u["id"] in outcome.results}
+    return outcome
+
+
+def _finished_units(units: list[dict], run_dir: Path, cfg: ExperimentConfig) -> tuple[SweepOutcome, list[dict]]:
+    """A `SweepOutcome` holding the units already finished in `run_dir` (`finished`), and the pending units."""
+    outcome, pending = SweepOutcome(), []
+    for unit in units:
+        done = finished(run_dir, unit["id"], cfg)
+        if done is not None:
+            outcome.results[unit["id"]] = done
+            outcome.skipped.append(unit["id"])
+        else:
+            pending.append(unit)
+    return outcome, pending
+
+
+def _recorder(outcome: SweepOutcome, bar):
+    """The callback that files a work item's `UnitOutcome`s into `outcome` and advances the units' `bar`."""
 
     def record(outcomes: list[UnitOutcome]) -> None:
         for o in outcomes:
@@ -306,35 +345,28 @@ def run_units(
                 outcome.failed[o.id] = o.error
             elif o.result is not None:
                 outcome.results[o.id] = o.result
+        bar.update(len(outcomes))
 
-    if backend == "ray":
-        from .ray_backend import run_items
+    return record
 
-        run_items(items, run_dir, record, address=address, retries=retries, threads=threads, show=show)
-    elif n == 1:
-        for it in tqdm(items, desc=exp.name, disable=not show or len(items) == 1, leave=False):
-            record(execute(it, progress=show))
-    else:
-        ctx = get_context("spawn")  # fork after torch threads start is unsafe
-        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=watch_parent, initargs=(os.getpid(),))
-        try:
-            futures = {pool.submit(execute, it): it for it in items}
-            for fut in tqdm(as_completed(futures), total=len(futures), desc=exp.name, disable=not show, leave=False):
-                try:
-                    record(fut.result())
-                except WriteError:
-                    raise
-                except Exception as exc:  # the worker process died (BrokenProcessPool): its units failed
-                    record(
-                        [
-                            UnitOutcome(u["id"], None, f"worker process failed: {one_line(exc)}", 0.0)
-                            for u in futures[fut].units
-                        ]
-                    )
-        except BaseException:  # Ctrl-C (KeyboardInterrupt), a WriteError or an error here: stop the workers at once
-            _stop(pool)
-            raise
-        pool.shutdown()
-    # keep the units' order
-    outcome.results = {u["id"]: outcome.results[u["id"]] for u in units if u["id"] in outcome.results}
-    return outcome
+
+def _run_pool(items: list[WorkItem], n: int, record) -> None:
+    """Run `items` on `n` worker processes (spawned; no bars of their own), filing each item's outcomes with
+    `record` as it finishes. A worker that dies fails its item's units; a `WriteError`, a `BuildError`, Ctrl-C
+    or an error here stops every worker at once and is raised."""
+    ctx = get_context("spawn")  # fork after torch threads start is unsafe
+    pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=watch_parent, initargs=(os.getpid(),))
+    try:
+        futures = {pool.submit(execute, it): it for it in items}
+        for fut in as_completed(futures):
+            try:
+                record(fut.result())
+            except (WriteError, BuildError):
+                raise
+            except Exception as exc:  # the worker process died (BrokenProcessPool): its units failed
+                why = f"worker process failed: {one_line(exc)}"
+                record([UnitOutcome(u["id"], None, why, 0.0) for u in futures[fut].units])
+    except BaseException:  # Ctrl-C (KeyboardInterrupt), a WriteError, a BuildError or an error here
+        _stop(pool)
+        raise
+    pool.shutdown()

@@ -4,7 +4,8 @@ A `WorkItem` is one unit, or several units trained as one batched ensemble: fres
 `featurelab.training.ensemble.ensemble_key`, or the members of an interrupted ensemble, resumed
 together. `execute` runs it wherever it lands and writes each unit's ``result.json`` (atomically, last);
 it returns one `UnitOutcome` per unit. A unit that raises is recorded as failed, except for a
-`WriteError` (the folder cannot be written): that stops the run.
+`WriteError` (the folder cannot be written) and a `BuildError` (the experiment's ``build`` raised: a bug or a
+unit it cannot construct, which no retry mends): those stop the run.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ExperimentConfig
-from ..errors import WriteError
+from ..errors import FeaturelabError, WriteError
 from ..experiments.base import Experiment, UnitContext
 from ..io import digest, make_folder, write_json, write_text
 from ..runtime import set_threads, tune_cpu
@@ -60,6 +61,42 @@ class WorkItem:
         )
 
 
+class BuildError(FeaturelabError):
+    """An experiment's ``build`` raised for a unit: one line naming the unit and the exception's first line. It
+    stops the sweep at once (never retried, never recorded as one failed unit among others)."""
+
+
+def build_error(exp: Experiment, unit: dict, exc: BaseException, folder: str | Path | None = None) -> BuildError:
+    """The `BuildError` for `exc`, raised by ``exp.build`` for `unit`; its traceback is kept in `folder`'s
+    ``error.txt`` when a folder is given."""
+    where = ""
+    if folder is not None:
+        path = make_folder(folder)
+        write_text(path / "error.txt", "".join(traceback.format_exception(exc)))
+        where = f" (traceback in '{path / 'error.txt'}')"
+    return BuildError(f"unit {unit['id']!r} of {exp.name} cannot be built: {one_line(exc)}{where}")
+
+
+def build_unit(exp: Experiment, cfg: ExperimentConfig, unit: dict, folder: str | Path | None = None):
+    """``exp.build(cfg, unit)``; an exception it raises becomes a `BuildError` (`build_error`)."""
+    assert exp.build is not None
+    try:
+        return exp.build(cfg, unit)
+    except Exception as exc:
+        raise build_error(exp, unit, exc, folder) from exc
+
+
+def raised_in_build(exc: BaseException, exp: Experiment) -> bool:
+    """Whether `exc` was raised inside ``exp.build`` (a frame of its traceback runs the build's code)."""
+    code = getattr(exp.build, "__code__", None)
+    tb = exc.__traceback__
+    while code is not None and tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def write_result(folder: Path, item: WorkItem, unit: dict, seconds: float, result: dict, **extra) -> None:
     """Write the unit's ``result.json`` (last), with the config's `digest`, the sha256 of the folder's other files
     (`featurelab.runs.manifest.unit_files`) and its own sha256 checksum."""
@@ -75,7 +112,8 @@ def one_line(exc: BaseException) -> str:
 
 def execute_unit(item: WorkItem, unit: dict, folder: str, resume: bool, progress: bool = False) -> UnitOutcome:
     """Run one unit of `item` in this process and write its ``result.json``; exceptions become
-    one-line errors (the traceback is kept in ``error.txt``), except a `WriteError`, which is raised."""
+    one-line errors (the traceback is kept in ``error.txt``), except a `WriteError` and an exception raised by
+    the experiment's ``build`` (a `BuildError`), which are raised."""
     set_threads(item.threads)
     t0 = time.perf_counter()
     path = make_folder(folder)
@@ -86,7 +124,9 @@ def execute_unit(item: WorkItem, unit: dict, folder: str, resume: bool, progress
         return UnitOutcome(unit["id"], result, None, seconds)
     except WriteError:
         raise
-    except Exception as exc:  # recorded, reported as failed, the sweep goes on
+    except Exception as exc:  # recorded, reported as failed, the sweep goes on; a failed build stops it
+        if raised_in_build(exc, item.experiment):
+            raise build_error(item.experiment, unit, exc, path) from exc
         write_text(path / "error.txt", traceback.format_exc())
         return UnitOutcome(unit["id"], None, one_line(exc), time.perf_counter() - t0)
 
@@ -94,7 +134,8 @@ def execute_unit(item: WorkItem, unit: dict, folder: str, resume: bool, progress
 def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome]:
     """Build the item's units (fresh runs of equal `ensemble_key`, or an interrupted ensemble's members,
     continued from their checkpoints when `item.resume`), train them as one ensemble, ``finish`` each and
-    write each ``result.json``. Falls back to `execute_unit` per unit when the ensemble cannot run (the
+    write each ``result.json`` (a build that raises stops the run: `BuildError`). Falls back to `execute_unit`
+    per unit when the ensemble cannot run (the
     reason is kept in each folder's ``ensemble_fallback.txt``): fresh units from scratch (whatever the
     failed ensemble left), an interrupted ensemble's members each from its checkpoint."""
     from ..training.ensemble import train_ensemble
@@ -106,8 +147,8 @@ def execute_ensemble(item: WorkItem, progress: bool = False) -> list[UnitOutcome
     paths = [make_folder(f) for f in item.folders]
     resume = item.resume and any((p / "checkpoint.safetensors").exists() for p in paths)  # not fresh units
     why = None  # why the ensemble cannot run, written down outside the `except` block
+    jobs = list(item.jobs) if item.jobs is not None else [build_unit(exp, cfg, u, p) for u, p in zip(item.units, paths)]
     try:
-        jobs = list(item.jobs) if item.jobs is not None else [exp.build(cfg, u) for u in item.units]
         trained = train_ensemble(
             [j.model for j in jobs],
             [j.data for j in jobs],

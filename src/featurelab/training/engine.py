@@ -19,7 +19,6 @@ docs/theory/conventions.md (training conventions); docs/scale.md.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Sequence
 from functools import lru_cache
@@ -30,11 +29,11 @@ from typing import Protocol, cast, runtime_checkable
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..data.dataset import Dataset
 from ..errors import FeaturelabError
 from ..io import digest, write_text
+from ..progress import progress_bar, show_progress
 from ..runtime import resolve_device
 from . import _kernels, capture, optim
 from ._kernels.gemm import onednn_products
@@ -493,7 +492,8 @@ def run(
     row)`` and, for a single run only, ``on_step(step, model, optimizer, loss)``. lr_rule (single run):
     ``f(step_in_phase, phase, model) -> lr`` overriding the schedule. handover: per member, the state an
     ensemble passes on at an L-BFGS phase (`_Run.hand_over`): the models hold the weights, and this run
-    continues from the step, history, lr scale and trust-region count in it, as from a checkpoint.
+    continues from the step, history, lr scale and trust-region count in it, as from a checkpoint. progress: a
+    step-level bar with the time left (None: shown in a terminal or a notebook, `featurelab.progress.show_progress`).
 
     It changes no process-wide setting: `featurelab.runtime.tune_cpu` is the CPU tuning the command line applies.
     """
@@ -509,8 +509,9 @@ def run(
     if r.start_step == 0:
         r.log(0, 0, r.schedule(phases[0], 0, *r.member_rates(0)).cpu() if phases else None)
     name = type(models[0]).__name__ if r.M == 1 else f"ensemble of {r.M}"
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = tqdm(total=total, initial=r.start_step, disable=not show, leave=False, desc=name)
+    bar = progress_bar(
+        total=total, initial=r.start_step, show=show_progress(progress), leave=False, desc=name, unit="step"
+    )
     offset = 0
     for phase_idx, phase in enumerate(phases):
         if r.start_step >= offset + phase.steps or all(e is not None for e in r.errors):

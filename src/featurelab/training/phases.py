@@ -86,3 +86,15 @@ class TrainResult:
     history: pd.DataFrame
     seconds: float
     resumed_from: int = 0
+
+    def __repr__(self) -> str:
+        steps = int(self.history["step"].iloc[-1]) if len(self.history) else 0
+        last = {c: f"{self.history[c].iloc[-1]:.4g}" for c in ("loss", "cost", "penalty") if c in self.history}
+        terms = "".join(f", {k}={v}" for k, v in last.items())
+        return f"TrainResult({type(self.model).__name__}: {steps} steps in {self.seconds:.1f} s{terms})"
+
+    def _repr_html_(self) -> str:
+        """The result inline in a notebook (`featurelab.training.display.result_html`)."""
+        from .display import result_html
+
+        return result_html(self.history, self.seconds, self.resumed_from, type(self.model).__name__)

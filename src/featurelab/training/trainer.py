@@ -114,7 +114,8 @@ def train(
         per-step work; ``optimizer.param_groups[0]["lr"]`` is the step's learning rate) and
         ``on_log(step, model, row)`` (may add columns to the history row).
     lr_rule: optional ``f(step_in_phase, phase, model) -> lr`` overriding the phase's schedule.
-    progress: tqdm bar; default on when stderr is a terminal.
+    progress: a step-level bar with the time left; default (None) on in a terminal or a notebook, off with False
+        (`featurelab.progress.show_progress`).
     Raises `FeaturelabError` when the loss becomes NaN or inf.
     """
     if not isinstance(config, TrainConfig):
