@@ -1,14 +1,13 @@
-"""The spectral tools behind `analyze`: the Gram-route singular values and their stated accuracy, the
-Clauset–Shalizi–Newman power-law fit on samples from known power laws, and WeightWatcher's columns."""
+"""The spectral tools behind `analyze`: the Gram-route singular values and their stated accuracy and the
+Clauset–Shalizi–Newman power-law fit on samples from known power laws (WeightWatcher's columns:
+test_weightwatcher_parity.py)."""
 
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 import featurelab as fl
 from featurelab.analysis import power_law_fit, singular_values
-from featurelab.analysis.spectra import weightwatcher_columns, weightwatcher_eigenvalues
 
 
 def prescribed(n, m, s, seed=0):
@@ -62,38 +61,3 @@ def test_power_law_closed_form_and_scale():
     assert scaled.ks == pytest.approx(fit.ks, rel=1e-9)
     with pytest.raises(fl.FeaturelabError, match="positive values"):
         power_law_fit([0.0, -1.0, 2.0])
-
-
-def test_weightwatcher_conventions_against_numpy():
-    """Conv2d: WeightWatcher's ESD pools the k_h·k_w slices' squared singular values, halved; Linear: s_i²."""
-    g = torch.Generator().manual_seed(0)
-    W = torch.randn(6, 4, 3, 3, generator=g, dtype=torch.float64)
-    evals = np.sort(weightwatcher_eigenvalues(W, conv2d=True))
-    Wn = W.numpy()
-    ref = np.sort(
-        np.concatenate([np.linalg.svd(Wn[:, :, i, j], compute_uv=False) ** 2 / 2 for i in range(3) for j in range(3)])
-    )
-    np.testing.assert_allclose(evals, ref, rtol=1e-10)
-    cols = weightwatcher_columns(evals)
-    # its stable rank: ‖W‖²_F over the largest slice's squared spectral norm (not the unfolded matrix's)
-    top = max(np.linalg.norm(Wn[:, :, i, j], 2) ** 2 for i in range(3) for j in range(3))
-    assert cols["ww_stable_rank"] == pytest.approx((Wn**2).sum() / top, rel=1e-10)
-    assert cols["ww_alpha_weighted"] == pytest.approx(cols["ww_alpha"] * np.log10(top / 2), rel=1e-10)
-    lin = nn.Linear(30, 20).double()
-    res = fl.analyze(lin)
-    s = np.linalg.svd(lin.weight.detach().numpy(), compute_uv=False)
-    assert res.layers["ww_stable_rank"][0] == pytest.approx(res.layers["stable_rank"][0], rel=1e-10)
-    assert res.layers["ww_alpha"][0] == pytest.approx(power_law_fit(s**2).alpha, rel=1e-10)
-
-
-def test_matches_weightwatcher_when_installed():
-    ww = pytest.importorskip("weightwatcher")
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 32, 3), nn.ReLU(), nn.Flatten(), nn.Linear(32, 40)
-    )
-    details = ww.WeightWatcher(model=model).analyze().set_index("longname")
-    layers = fl.analyze(model).layers.set_index("name")
-    for name in details.index:
-        for col in ("alpha", "alpha_weighted", "stable_rank", "norm", "spectral_norm"):
-            assert layers.loc[name, f"ww_{col}"] == pytest.approx(float(details.loc[name, col]), rel=1e-8), (name, col)

@@ -16,7 +16,7 @@ Formulas (s_1 >= s_2 >= ... the singular values; docs/analyze.md states each wit
 - bottleneck rank k_mid = median over the middle layers of #{s_i(W_l) > 0.1} after `rebalance`
   (arXiv 2306.00394 §4a);
 - WeightWatcher's norm, spectral norm, stable rank and power-law exponent alpha of its ESD
-  (`spectra.weightwatcher_columns`; Martin & Mahoney, JMLR 22, 2021).
+  (`weightwatcher.columns`; Martin & Mahoney, JMLR 22, 2021).
 """
 
 from __future__ import annotations
@@ -39,12 +39,14 @@ from ..measurements.ranks import spectrum_ranks
 from ..models.convert import from_torch, to_torch
 from ..models.leaky_resnet import LeakyResNet
 from ..models.mlp import MLP
+from . import weightwatcher as ww
 from .attention import head_rows
+from .conv_operator import conv_inputs, operator_spectrum
 from .layers import Layer, input_side, layer_model
 from .loaders import WeightsChain, WeightsFile, check_values
 from .report import ModelAnalysis
 from .representations import capture, row, select
-from .spectra import singular_values, weightwatcher_columns, weightwatcher_eigenvalues
+from .spectra import singular_values
 
 
 def _check_model(model: nn.Module) -> None:
@@ -89,27 +91,55 @@ def _fit(out: torch.Tensor, Y) -> dict:
 
 
 def _spectra(layer: Layer, vector: bool, weightwatcher: bool):
-    """(singular values, top left singular vector when `vector`, WeightWatcher's eigenvalues when `weightwatcher`).
+    """(singular values, top left singular vector when `vector`, WeightWatcher's eigenvalues and its N when
+    `weightwatcher`, else None).
 
-    WeightWatcher reads the stored kernel (BatchNorm not folded), a Conv2d per k_h·k_w slice. For an ungrouped
-    Conv2d with out <= in and out > 128 one batch of slice Gram matrices G_ij = W_ij W_ijᵀ serves both: the
-    unfolded operator has M Mᵀ = D (Σ_ij G_ij) D, D the folded BatchNorm's factor, whose eigendecomposition gives
-    its singular values (the Gram route of `spectra.singular_values`) and top left singular vector."""
+    WeightWatcher reads the stored kernel (BatchNorm not folded), a Conv2d per k_h·k_w slice (`weightwatcher.esd`).
+    For an ungrouped Conv2d with out <= in and out > 128 one batch of slice Gram matrices G_ij = W_ij W_ijᵀ serves
+    both: the unfolded operator has M Mᵀ = D (Σ_ij G_ij) D, D the folded BatchNorm's factor, whose
+    eigendecomposition gives its singular values (the Gram route of `spectra.singular_values`) and top left
+    singular vector."""
     m = layer.module
     stored = isinstance(m, nn.Linear | nn.Conv1d | nn.Conv2d) and layer.kind in ("linear", "conv", "grouped conv")
     raw = cast(torch.Tensor, m.weight).detach() if stored and m is not None else layer.matrix
     conv2d = isinstance(m, nn.Conv2d) and stored
+    esd = None
     if conv2d and layer.groups == 1 and 128 < raw.shape[0] <= raw.shape[1]:
         slices = raw.permute(2, 3, 0, 1).reshape(-1, raw.shape[0], raw.shape[1])
         G = slices @ slices.transpose(1, 2)
-        evals = torch.linalg.eigvalsh(G).clamp_min(0).reshape(-1).numpy() / 2 if weightwatcher else None
+        if weightwatcher:
+            evals = torch.linalg.eigvalsh(G).clamp_min(0).reshape(-1).numpy() * ww.CONV2D_SCALE
+            esd = (evals, ww.sides(raw, True)[0])
         d = layer.scale if layer.scale is not None else torch.ones(raw.shape[0], dtype=raw.dtype)
         MMt = G.sum(0) * d[:, None] * d[None, :]
         s = torch.linalg.eigvalsh(MMt).flip(0).clamp_min(0).sqrt()
-        return s, _top_eigenvector(MMt) if vector else None, evals
+        return s, _top_eigenvector(MMt) if vector else None, esd
     s = singular_values(layer.matrix)
-    evals = weightwatcher_eigenvalues(raw, conv2d) if weightwatcher else None
-    return s, _top_left(layer.matrix) if vector else None, evals
+    if weightwatcher:
+        esd = (ww.esd(raw, conv2d), ww.sides(raw, conv2d)[0])
+    return s, _top_left(layer.matrix) if vector else None, esd
+
+
+def _operator_columns(layer: Layer, inputs: dict | None, top: int) -> tuple[dict, str]:
+    """The operator_* columns of a conv row (`conv_operator.operator_spectrum` at the input shape the data gave,
+    BatchNorm folded, bias excluded; NaN for other rows and without data) and a note ("" when none)."""
+    cols: dict = {"operator_input": "", "operator_method": ""}
+    cols |= {f"operator_sv{i + 1}": np.nan for i in range(top)} | {"operator_stable_rank": np.nan}
+    m = layer.module
+    if not isinstance(m, nn.Conv1d | nn.Conv2d) or layer.kind not in ("conv", "grouped conv") or inputs is None:
+        return cols, ""
+    if layer.name not in inputs:
+        return cols, f"conv {layer.name} was not called on X: no operator columns"
+    op = operator_spectrum(m, inputs[layer.name], layer.scale, k=top)
+    cols |= {"operator_input": "x".join(map(str, op.input)), "operator_method": op.method}
+    cols |= {f"operator_sv{i + 1}": float(v) for i, v in enumerate(op.values[:top])}
+    cols["operator_stable_rank"] = op.stable_rank
+    if op.full or np.isfinite(op.frobenius_sq):
+        return cols, ""
+    return cols, (
+        f"conv {layer.name}: operator on {cols['operator_input']} by Lanczos (top {len(op.values)} singular values); "
+        f"its stable rank is unknown with {m.padding_mode} padding"
+    )
 
 
 def _top_left(M: torch.Tensor) -> torch.Tensor:
@@ -126,11 +156,14 @@ def _top_eigenvector(G: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(scipy.linalg.eigh(G.numpy(), subset_by_index=[n - 1, n - 1])[1][:, 0])
 
 
-def _layer_rows(lm, top, effective_rtol, rtol, weightwatcher):
-    """The layers table, the spectra and the per-unit balance of every homogeneous pair. Alignment reads the top
-    singular vectors as top eigenvectors of the units x units Gram matrices (accurate to ε·s_1²/(s_1² − s_2²))."""
+def _layer_rows(lm, top, effective_rtol, rtol, weightwatcher, inputs=None, notes=None):
+    """The layers table, the spectra, the per-unit balance of every homogeneous pair and WeightWatcher's
+    eigenvalues (`weightwatcher.esd`), by layer name. `inputs`: each conv's input shape on the data
+    (`conv_operator.conv_inputs`), None without data; `notes` receives what the operator and fit columns leave
+    out. Alignment reads the top singular vectors as top eigenvectors of the units x units Gram matrices
+    (accurate to ε·s_1²/(s_1² − s_2²))."""
     by_name = {layer.name: layer for layer in lm.layers}
-    rows, spectra, balance = [], {}, {}
+    rows, spectra, balance, esd, few, said = [], {}, {}, {}, [], []
     for layer in lm.layers:
         pair = lm.pairs.get(layer.name)
         s, u1, evals = _spectra(layer, pair is not None, weightwatcher)
@@ -150,23 +183,47 @@ def _layer_rows(lm, top, effective_rtol, rtol, weightwatcher):
             "bias_sq": float((layer.bias**2).sum()) if layer.bias is not None else 0.0,
         }
         r |= spectrum_ranks(s, effective_rtol=effective_rtol, numerical_rtol=rtol)
-        r |= {"next": "", "via": "", "balance_mean": np.nan, "balance_residual": np.nan, "alignment": np.nan}
-        nxt = by_name[pair.b] if pair else None
-        side = input_side(layer, nxt) if nxt is not None else None
-        if pair and side is not None and u1 is not None:
-            r["next"], r["via"] = nxt.name, pair.through
-            r["alignment"] = float((u1 @ _top_left(side.T)).abs())
-            if pair.homogeneous:
-                incoming = (layer.matrix**2).sum(1) + (layer.bias**2 if layer.bias is not None else 0.0)
-                outgoing = (side**2).sum(0)
-                diff, total = incoming - outgoing, incoming + outgoing
-                res = torch.where(total > 0, diff.abs() / total.clamp_min(1e-300), torch.zeros_like(diff))
-                balance[layer.name] = diff.numpy()
-                r |= {"balance_mean": float(diff.mean()), "balance_residual": float(res.max())}
+        operator, note = _operator_columns(layer, inputs, top)
+        r |= operator
+        said += [note, getattr(layer.module, "groups_note", "")]
+        r |= _pair_columns(layer, by_name[pair.b] if pair else None, pair, u1, balance)
         if evals is not None:
-            r |= weightwatcher_columns(evals)
+            esd[layer.name] = evals[0]
+            r |= ww.columns(*evals)
+            if np.isnan(r["ww_alpha"]):
+                few.append(f"{layer.name} ({int((evals[0] > ww.EVALS_THRESH).sum())})")
         rows.append(r)
-    return pd.DataFrame(rows), spectra, balance
+    if notes is not None:
+        notes += list(dict.fromkeys(n for n in said if n))
+        if inputs is None and any(layer.kind in ("conv", "grouped conv") for layer in lm.layers):
+            notes.append(
+                "no inputs X: the conv operator columns (operator_*) are NaN; the operator depends on its input size"
+            )
+        if few:
+            notes.append(
+                f"too few eigenvalues (n < {ww.MIN_FIT}) for a power-law fit: ww_alpha and the other fit columns "
+                f"are NaN for {', '.join(few)}"
+            )
+    return pd.DataFrame(rows), spectra, balance, esd
+
+
+def _pair_columns(layer: Layer, nxt: Layer | None, pair, u1, balance: dict) -> dict:
+    """next, via, alignment and (homogeneous pairs) balance_mean, balance_residual of a layer with its pair;
+    the per-unit in − out goes into `balance`."""
+    r = {"next": "", "via": "", "balance_mean": np.nan, "balance_residual": np.nan, "alignment": np.nan}
+    side = input_side(layer, nxt) if nxt is not None else None
+    if nxt is None or side is None or u1 is None:
+        return r
+    r["next"], r["via"] = nxt.name, pair.through
+    r["alignment"] = float((u1 @ _top_left(side.T)).abs())
+    if pair.homogeneous:
+        incoming = (layer.matrix**2).sum(1) + (layer.bias**2 if layer.bias is not None else 0.0)
+        outgoing = (side**2).sum(0)
+        diff, total = incoming - outgoing, incoming + outgoing
+        res = torch.where(total > 0, diff.abs() / total.clamp_min(1e-300), torch.zeros_like(diff))
+        balance[layer.name] = diff.numpy()
+        r |= {"balance_mean": float(diff.mean()), "balance_residual": float(res.max())}
+    return r
 
 
 def _bottleneck(net, lm, layers, atol, notes, summary):
@@ -315,7 +372,8 @@ def analyze(
         notes += lm.notes
     if isinstance(net, WeightsChain):
         notes.append("weights file read as a Linear chain with a ReLU between layers (the file stores no activation)")
-    layers, spectra, balance = _layer_rows(lm, top, effective_rtol, rtol, weightwatcher)
+    inputs = conv_inputs(net, X) if X is not None else None
+    layers, spectra, balance, esd = _layer_rows(lm, top, effective_rtol, rtol, weightwatcher, inputs, notes)
     rebalanced_spectra = _bottleneck(net, lm, layers, atol, notes, summary)
     heads = pd.DataFrame([r for h in lm.heads for r in head_rows(h, effective_rtol, rtol)])
 
@@ -346,4 +404,5 @@ def analyze(
         rebalanced_spectra,
         pd.DataFrame(lm.norms),
         heads,
+        esd,
     )

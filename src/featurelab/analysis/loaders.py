@@ -114,11 +114,27 @@ def check_values(tensors: dict[str, torch.Tensor], where: str, noun: str = "tens
         raise FeaturelabError(f"{where} has NaN or inf in {', '.join(bad[:5])}; all entries must be finite")
 
 
-def _module_for(prefix: str, tensors: dict[str, torch.Tensor]) -> nn.Module | None:
-    """The module a ``prefix.weight`` (with ``prefix.bias``, BatchNorm statistics) stands for."""
+def _groups(prefix: str, W: torch.Tensor, previous: int | None) -> tuple[int, str]:
+    """(groups, note) of a conv kernel out x in/G x k... in a weights file, which stores no groups: depthwise
+    (G = C) for a [C·m, 1, k...] kernel after a layer writing C channels; else dense, with a note naming the layer
+    when the layer before writes another number of channels than the kernel reads."""
+    if W.ndim < 3 or previous is None or previous == W.shape[1]:
+        return 1, ""
+    if W.shape[1] == 1 and W.shape[0] % previous == 0:
+        return previous, ""
+    return 1, (
+        f"weights file: conv {prefix} reads {W.shape[1]} channels per group but the layer before it writes {previous}; "
+        "groups are not stored, so it is read as a dense conv"
+    )
+
+
+def _module_for(prefix: str, tensors: dict[str, torch.Tensor], previous: int | None = None) -> nn.Module | None:
+    """The module a ``prefix.weight`` (with ``prefix.bias``, BatchNorm statistics) stands for; `previous`: the
+    channels the weight layer before it writes (`_groups`)."""
     W = tensors[f"{prefix}.weight"].to(torch.float64)
     b = tensors.get(f"{prefix}.bias")
     leaf = prefix.rpartition(".")[2].lower()
+    note = ""
     if W.ndim == 1:
         cls = nn.BatchNorm1d if f"{prefix}.running_mean" in tensors else nn.LayerNorm
         m = cls(len(W), dtype=torch.float64)
@@ -127,15 +143,21 @@ def _module_for(prefix: str, tensors: dict[str, torch.Tensor]) -> nn.Module | No
             m.running_var.copy_(tensors.get(f"{prefix}.running_var", torch.ones(len(W))))
     elif W.ndim == 2 and b is None and ("embed" in leaf or leaf in ("wte", "wpe", "embed_tokens")):
         m = nn.Embedding(W.shape[0], W.shape[1], dtype=torch.float64)
-    elif W.ndim in (2, 3, 4):
-        cls = {2: nn.Linear, 3: nn.Conv1d, 4: nn.Conv2d}[W.ndim]
-        size = () if W.ndim == 2 else (tuple(W.shape[2:]),)
-        m = skip_init(cls, W.shape[1], W.shape[0], *size, bias=b is not None, dtype=torch.float64)
+    elif W.ndim == 2:
+        m = skip_init(nn.Linear, W.shape[1], W.shape[0], bias=b is not None, dtype=torch.float64)
+    elif W.ndim in (3, 4):
+        G, note = _groups(prefix, W, previous)
+        cls = nn.Conv1d if W.ndim == 3 else nn.Conv2d
+        m = skip_init(
+            cls, W.shape[1] * G, W.shape[0], tuple(W.shape[2:]), groups=G, bias=b is not None, dtype=torch.float64
+        )
     else:
         return None
     m.weight = nn.Parameter(W, requires_grad=False)
     if b is not None:
         m.bias = nn.Parameter(b.to(torch.float64), requires_grad=False)
+    if note:
+        vars(m)["groups_note"] = note  # a plain attribute, read into analyze's notes
     return m
 
 
@@ -161,8 +183,10 @@ def weights_module(path: str | Path) -> nn.Module:
     Order: safetensors writers store the header sorted by name, so the file keeps no other order; rows follow
     the names in natural order ("2" before "10"), which is the model's order for numbered layers. Each
     ``prefix.weight`` becomes a module: 2-D an ``nn.Embedding`` when its name says so (``*embed*``, ``wte``,
-    ``wpe``) and it has no bias, else an ``nn.Linear``; 3-D/4-D an ``nn.Conv1d``/``nn.Conv2d`` (groups are not
-    stored: a grouped kernel reads as a dense conv); 1-D a BatchNorm (with ``running_mean``) or LayerNorm.
+    ``wpe``) and it has no bias, else an ``nn.Linear``; 3-D/4-D an ``nn.Conv1d``/``nn.Conv2d``: groups are not
+    stored, so a ``[C·m, 1, k...]`` kernel after a layer writing C channels is depthwise (C groups) and any other
+    kernel is dense, with a note when the layer before writes another number of channels than it reads (a
+    grouped conv whose group count the file cannot tell); 1-D a BatchNorm (with ``running_mean``) or LayerNorm.
     Other tensors of >= 2 dims are parameters (a leading dimension 1 or a token name: a token).
     A plain chain (only 2-D weights, each reading the previous one's outputs) becomes an ``nn.Sequential``
     with a ReLU between layers, so the chain's k_mid, balancedness and alignment are read; `analyze` notes
@@ -170,7 +194,12 @@ def weights_module(path: str | Path) -> nn.Module:
     tensors = _read_safetensors(path, "weights file")
     keys = sorted(tensors, key=_natural)
     prefixes = [k.rpartition(".")[0] for k in keys if k.endswith(".weight")]
-    mods = {p: m for p in prefixes if (m := _module_for(p, tensors)) is not None}
+    mods: dict[str, nn.Module] = {}
+    previous = None  # the channels the last weight layer of >= 2 dims writes
+    for p in prefixes:
+        if (m := _module_for(p, tensors, previous)) is not None:
+            mods[p] = m
+        previous = tensors[f"{p}.weight"].shape[0] if tensors[f"{p}.weight"].ndim >= 2 else previous
     used = {f"{p}.{s}" for p in mods for s in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
     rest = [k for k in keys if k not in used and tensors[k].ndim >= 2]
     chain = not rest and _chain(list(mods), mods)

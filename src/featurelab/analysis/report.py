@@ -8,10 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ..figures import plt, save_figure
 from ..io import write_json, write_text
 from ..runs.report import figures_html, mapping_table, page_head, tables_html
+from .weightwatcher import EVALS_THRESH, MIN_FIT
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class ModelAnalysis:
         crosses it). attention: one row per attention head (`attention.head_rows`).
     summary: scalars: bottleneck estimate, representation bottleneck, fit, Jacobian/NTK, seconds, notes.
     spectra, representation_spectra, balance: full singular values and per-neuron in − out, by name.
+    esd: WeightWatcher's eigenvalues of each layer (`weightwatcher.esd`), by name (empty with weightwatcher=False).
     """
 
     layers: pd.DataFrame
@@ -44,6 +48,7 @@ class ModelAnalysis:
     rebalanced_spectra: dict = field(repr=False)
     norms: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     attention: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    esd: dict = field(default_factory=dict, repr=False)
 
     def __str__(self) -> str:
         lines = [f"{k}: {v}" for k, v in self.summary.items() if k != "notes"]
@@ -94,11 +99,34 @@ class ModelAnalysis:
         fig.tight_layout()
         return fig
 
+    def plot_esd(self, columns: int = 6):
+        """One small log-log panel per layer: the histogram of WeightWatcher's eigenvalues above 1e-5 (a density
+        on log-spaced bins), the fitted power law p(λ) = (α − 1)/λ_min·(λ/λ_min)^(−α) on λ >= λ_min, weighted by
+        the tail's share of the eigenvalues so it overlays the histogram, and λ_min as a dotted line; titled with
+        α ± σ, or "n < 20: no fit" when the fit columns are NaN. One legend below the panels. Returns the Figure."""
+        rows = self.layers.set_index("name")
+        names = list(self.esd)
+        ncols = min(columns, len(names))
+        nrows = -(-len(names) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(2.3 * ncols, 2.0 * nrows), squeeze=False)
+        for ax in axes.ravel()[len(names) :]:
+            ax.set_visible(False)
+        for ax, name in zip(axes.ravel(), names):
+            _esd_panel(ax, name, np.asarray(self.esd[name]), rows.loc[name])
+        handles = [
+            Line2D([], [], color="tab:blue", lw=6, alpha=0.5, label="ESD (density)"),
+            Line2D([], [], color="tab:red", ls="--", label="power-law fit on the tail"),
+            Line2D([], [], color="k", ls=":", label="λ_min"),
+        ]
+        fig.tight_layout()
+        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
+        return fig
+
     def report(self, folder: str | Path, title: str = "model analysis") -> Path:
         """Write ``folder/report.html`` (self-contained: figures inline) with ``tables/layers.csv``,
         ``tables/representations.csv`` (and ``norms.csv``, ``attention.csv`` when there are any),
-        ``figures/analysis.png|svg`` and ``summary.json``; returns the
-        report's path."""
+        ``figures/analysis.png|svg``, ``figures/esd.png|svg`` (`plot_esd`, when there are eigenvalues) and
+        ``summary.json``; returns the report's path."""
         folder = Path(folder)
         write_text(folder / "tables" / "layers.csv", self.layers.to_csv(index=False))
         for name in ("representations", "norms", "attention"):
@@ -106,6 +134,8 @@ class ModelAnalysis:
             if len(table):
                 write_text(folder / "tables" / f"{name}.csv", table.to_csv(index=False))
         save_figure(self.plot(), folder / "figures", "analysis")
+        if self.esd:
+            save_figure(self.plot_esd(), folder / "figures", "esd")
         write_json(folder / "summary.json", self.summary)
         flat = {k: v for k, v in self.summary.items() if k != "notes"}
         parts = [
@@ -122,3 +152,34 @@ class ModelAnalysis:
         path = folder / "report.html"
         write_text(path, "\n".join(parts))
         return path
+
+
+def _esd_panel(ax, name: str, evals: np.ndarray, row) -> None:
+    """One panel of `ModelAnalysis.plot_esd`: layer `name`'s eigenvalues and its row's ww_alpha, ww_xmin,
+    ww_sigma, ww_num_pl_spikes."""
+    x = np.sort(evals[evals > EVALS_THRESH])
+    if len(x) == 0:
+        ax.set_title(f"{name}: no eigenvalue > 1e-5", fontsize=7)
+        return
+    lo, hi = (x[0], x[-1]) if x[-1] > x[0] else (x[0] / 1.1, x[0] * 1.1)
+    bins = np.geomspace(lo, hi, max(5, min(40, len(x) // 2)) + 1)
+    ax.hist(x, bins=bins, density=True, color="tab:blue", alpha=0.5)
+    alpha, xmin = float(row["ww_alpha"]), float(row["ww_xmin"])
+    if np.isfinite(alpha):
+        grid = np.geomspace(xmin, x[-1], 50)
+        share = float(row["ww_num_pl_spikes"]) / len(x)
+        ax.plot(grid, share * (alpha - 1) / xmin * (grid / xmin) ** (-alpha), color="tab:red", ls="--")
+        ax.axvline(xmin, color="k", ls=":", lw=1)
+        title = f"{name}\nα = {alpha:.2f} ± {float(row['ww_sigma']):.2f}"
+    else:
+        title = f"{name}\nn = {len(x)} < {MIN_FIT}: no fit"
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+        if hi < 10 * lo:  # less than a decade: short labels at 2 and 5 times the powers of ten, else decades only
+            axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+            axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:.2g}"))
+        else:
+            axis.set_minor_formatter(NullFormatter())
+    ax.set_title(title, fontsize=7)
+    ax.tick_params(which="both", labelsize=6)

@@ -14,8 +14,8 @@ with x_min chosen to minimise the Kolmogorov–Smirnov distance between the tail
 (3.5) and §3.3): for each candidate x_min = x_(i) (the sorted sample), α_i = 1 + n_i / Σ_{x_j >= x_min}
 ln(x_j/x_min), D_i = max_j |Ŝ(x_j) − (1 − (x_j/x_min)^(1−α_i))| with Ŝ the tail's empirical CDF
 (j − i)/n_i; the fit is the candidate of smallest D_i, its standard error (α − 1)/√n_tail (eq. (3.2)).
-This is the estimator (and the CDF convention) of WeightWatcher's default fit, applied to the eigenvalues
-of WᵀW (Martin & Mahoney, "Heavy-tailed self-regularization", JMLR 22, 2021, §4).
+WeightWatcher's own fit (`weightwatcher.fit`: its eigenvalue threshold and small-sample rule) is this
+estimator on n >= 20 values.
 """
 
 from __future__ import annotations
@@ -51,35 +51,18 @@ class PowerLawFit:
     sigma: float
 
 
-def power_law_fit(x, min_tail: int = 2, chunk: int = 64) -> PowerLawFit:
+def power_law_fit(x, min_tail: int = 2) -> PowerLawFit:
     """Clauset–Shalizi–Newman fit of a power-law tail to the positive sample `x` (module docstring).
 
-    Every sorted sample value but the largest `min_tail − 1` is a candidate x_min; O(n²) arithmetic in
-    chunks of `chunk` candidates. A sample with fewer than 2 positive values is a one-line error."""
+    Every sorted sample value whose tail holds at least max(`min_tail`, 2) values is a candidate x_min. A sample
+    with fewer than 2 positive values, or without a tail of alpha > 1, is a one-line error."""
     x = np.sort(np.asarray(x, dtype=np.float64).ravel())
     x = x[x > 0]
     n = len(x)
     if n < max(2, min_tail):
         raise FeaturelabError(f"power_law_fit needs at least {max(2, min_tail)} positive values, got {n}")
-    logs = np.log(x)
-    tail_sum = np.cumsum(logs[::-1])[::-1]  # Σ_{j >= i} ln x_j
-    candidates = np.arange(n - max(min_tail, 2) + 1)
-    counts = (n - candidates).astype(np.float64)
-    denom = tail_sum[candidates] - counts * logs[candidates]
-    with np.errstate(divide="ignore"):
-        alphas = np.where(denom > 0, 1 + counts / np.where(denom > 0, denom, 1), np.nan)
-    ks = np.full(len(candidates), np.inf)
-    j = np.arange(n)
-    for start in range(0, len(candidates), chunk):
-        i = candidates[start : start + chunk, None]
-        a = alphas[start : start + chunk, None]
-        cols = j[None, start:]  # only x_j >= the chunk's smallest x_min
-        valid = cols >= i
-        ratio = np.where(valid, logs[None, start:] - logs[i], 0.0)  # ln(x_j/x_min)
-        model = -np.expm1((1 - a) * ratio)
-        empirical = (cols - i) / (n - i)
-        dist = np.where(valid, np.abs(model - empirical), 0.0).max(1)
-        ks[start : start + chunk] = np.where(np.isfinite(a[:, 0]) & (a[:, 0] > 1), dist, np.inf)
+    counts, spread, alphas, ks = tail_candidates(x)
+    ks = np.where(np.isnan(ks) | (spread <= 0) | (counts < min_tail), np.inf, ks)
     best = int(np.argmin(ks))
     if not np.isfinite(ks[best]):
         raise FeaturelabError("power_law_fit: the sample has no tail with alpha > 1 (all values equal?)")
@@ -87,37 +70,26 @@ def power_law_fit(x, min_tail: int = 2, chunk: int = 64) -> PowerLawFit:
     return PowerLawFit(alpha, float(x[best]), float(ks[best]), n_tail, (alpha - 1) / np.sqrt(n_tail))
 
 
-def weightwatcher_eigenvalues(W: torch.Tensor, conv2d: bool) -> np.ndarray:
-    """The empirical spectral density WeightWatcher (0.7) fits, as eigenvalues: for a Conv2d kernel
-    out x in x k_h x k_w the squared singular values of each of the k_h·k_w slices W[:, :, i, j], pooled and
-    halved (its default ``conv2d_norm`` scales each slice by √(1/2)); for any other matrix the squared singular
-    values. Matches WeightWatcher 0.7.7's norm, spectral_norm, stable_rank, alpha and alpha_weighted to 1e-12 on
-    a resnet18 (measured)."""
-    if conv2d:
-        evals = _gram_eigenvalues(W.permute(2, 3, 0, 1).reshape(-1, W.shape[0], W.shape[1])) / 2
-    else:
-        evals = _gram_eigenvalues(W.reshape(1, W.shape[0], -1))
-    return evals.reshape(-1).numpy()
-
-
-def _gram_eigenvalues(M: torch.Tensor) -> torch.Tensor:
-    """The min(n, m) eigenvalues of the smaller Gram matrix of each n x m matrix in the batch M (the squared
-    singular values, to an absolute c·ε·λ_max), clamped at 0."""
-    G = M @ M.transpose(1, 2) if M.shape[1] <= M.shape[2] else M.transpose(1, 2) @ M
-    return torch.linalg.eigvalsh(G).clamp_min(0)
-
-
-def weightwatcher_columns(evals: np.ndarray, threshold: float = 1e-5, min_evals: int = 8) -> dict[str, float]:
-    """WeightWatcher's shared columns from its eigenvalues: norm Σλ, spectral_norm max λ, stable_rank Σλ/max λ,
-    alpha (`power_law_fit` of the eigenvalues above `threshold`, NaN with fewer than `min_evals`) and
-    alpha_weighted = alpha·log10(max λ)."""
-    norm, top = float(evals.sum()), float(evals.max())
-    keep = evals[evals > threshold]
-    alpha = power_law_fit(keep).alpha if len(keep) >= min_evals else float("nan")
-    return {
-        "ww_norm": norm,
-        "ww_spectral_norm": top,
-        "ww_stable_rank": norm / top if top > 0 else float("nan"),
-        "ww_alpha": alpha,
-        "ww_alpha_weighted": alpha * float(np.log10(top)) if top > 0 else float("nan"),
-    }
+def tail_candidates(x: np.ndarray, correction: float = 0.0, chunk: int = 256):
+    """Every candidate x_min = x_i (i < n − 1) of the increasing positive sample x_1 <= ... <= x_n, as arrays over i:
+    the tail size n_i = n − i + 1, S_i = Σ_{j>=i} ln(x_j/x_i), α_i = 1 + (n_i − `correction`)/S_i (inf when
+    S_i = 0) and the KS distance D_i = max_{j>=i} |1 − (x_j/x_i)^(1−α_i) − (j − i)/n_i| (NaN where α_i <= 1).
+    O(n²) arithmetic in chunks of `chunk` candidates."""
+    n = len(x)
+    logs = np.log(x)
+    counts = (n - np.arange(n - 1)).astype(np.float64)
+    spread = np.cumsum(logs[::-1])[::-1][:-1] - counts * logs[:-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alphas = 1 + (counts - correction) / spread
+    D = np.full(n - 1, np.nan)
+    j = np.arange(n)
+    for start in range(0, n - 1, chunk):
+        i = np.arange(start, min(start + chunk, n - 1))[:, None]
+        a = alphas[i]
+        tail = j[None, :] >= i
+        ratio = np.where(tail, logs[None, :] - logs[i], 0.0)  # ln(x_j/x_i) >= 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            model = np.where(ratio > 0, -np.expm1((1 - a) * ratio), 0.0)  # 1 − (x_j/x_i)^(1−α), α = inf included
+        gap = np.where(tail, np.abs(model - (j[None, :] - i) / (n - i)), 0.0)
+        D[i[:, 0]] = np.where(a[:, 0] > 1, gap.max(1), np.nan)
+    return counts, spread, alphas, D
