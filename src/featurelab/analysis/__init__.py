@@ -2,9 +2,10 @@
 
 `analyze(model, X, Y, representations=...)` returns a `ModelAnalysis` (layers, representations, norms,
 attention heads, summary); `AnalysisTracker` records it along training; `power_law_fit` is the
-Clauset–Shalizi–Newman tail fit behind the ``ww_alpha`` column; `weights_module`, `load_factory` and
-`load_inputs` are the command line's loaders. The private layout: `layers` (the layer model by tracing),
-`attention` (Q/K/V per head), `spectra` (large SVDs, power law, WeightWatcher's ESD), `representations`,
+Clauset–Shalizi–Newman tail fit (the ``ww_alpha`` column applies it with WeightWatcher's own rules);
+`weights_module`, `load_factory` and `load_inputs` are the command line's loaders. The private layout:
+`layers` (the layer model by tracing), `attention` (Q/K/V per head), `spectra` (large SVDs, power law),
+`weightwatcher` (its ESD and columns), `conv_operator` (a conv's operator spectrum), `representations`,
 `report` (the result and its report), `core` (`analyze`), `tracker`, `loaders`.
 """
 

@@ -283,7 +283,8 @@ def _fold(
 
 
 def _operator(W: torch.Tensor, groups: int) -> torch.Tensor:
-    """A conv kernel (out x in/G x k...) as its out x (in·k...) operator: block-diagonal over the G groups."""
+    """A conv kernel (out x in/G x k...) as its out x (in·k...) unfolding, block-diagonal over the G groups (the
+    conv's operator on an input is another matrix: `conv_operator`)."""
     flat = W.reshape(W.shape[0], -1)
     return flat if groups == 1 else torch.block_diag(*flat.chunk(groups))
 

@@ -27,8 +27,9 @@ class ModelAnalysis:
         bias_sq, stable_rank, nuclear_rank, effective_rank, entropy_rank, numerical_rank, count_rebalanced
         (#{s_i > threshold} after rebalancing, leaky-ReLU chains only), next (the paired layer), via (the maps between),
         balance_mean / balance_residual (this layer's units: mean of in − out and max |in − out|/(in + out)),
-        alignment (with the next layer), and WeightWatcher's columns ww_norm, ww_spectral_norm,
-        ww_stable_rank, ww_alpha, ww_alpha_weighted (docs/analyze.md maps them).
+        alignment (with the next layer), the conv operator's operator_input, operator_method,
+        operator_sv1..svK, operator_stable_rank (with data; `conv_operator`), and WeightWatcher's columns ww_*
+        (`weightwatcher.columns`; docs/analyze.md maps them).
     representations: one row per hooked representation (input, each activation or block call, output):
         name, type, shape (per sample), units, sv1..svK (of the centred A/√N), the five ranks, coi_gamma,
         dead_share.
