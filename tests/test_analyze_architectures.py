@@ -210,7 +210,7 @@ def test_vit_with_multihead_attention(images):
         m = model.double()
         h = m.patch(images.double()).flatten(2).transpose(1, 2)
         h = m.blocks[0](torch.cat([m.cls_token.expand(len(h), -1, -1), h], 1) + m.pos_embed)
-    A = h.reshape(len(h), -1).numpy()
+    A = h.reshape(-1, h.shape[-1]).numpy()  # the blocks act on (batch, tokens, width): one row per token
     C = (A - A.mean(0)) / np.sqrt(len(A))
     check(res.representations.set_index("name").loc["blocks.0"], C)
 

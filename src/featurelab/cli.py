@@ -200,6 +200,7 @@ def _cmd_report(args) -> int:
 
 def _cmd_analyze(args) -> int:
     from .analysis import analyze, check_out, load_factory, load_inputs, parse_shape, weights_module
+    from .analysis.loaders import parse_heads
     from .checks import int_at_least
     from .runtime import set_threads
 
@@ -207,6 +208,7 @@ def _cmd_analyze(args) -> int:
         int_at_least(f"--{name}", getattr(args, name), low)
     out = check_out(args.out, args.force)
     shape = parse_shape(args.shape) if args.shape else None
+    heads = parse_heads(args.heads) if args.heads else None
     set_threads(args.threads)
     if args.target.endswith(".safetensors"):
         if args.data:
@@ -216,7 +218,7 @@ def _cmd_analyze(args) -> int:
         model = load_factory(args.target, args.weights)
         X, Y = load_inputs(args.data, args.n, shape) if args.data else (None, None)
     chosen = args.representations.split(",") if args.representations else None
-    result = analyze(model, X, Y, jacobian=args.jacobian, representations=chosen)
+    result = analyze(model, X, Y, jacobian=args.jacobian, representations=chosen, heads=heads)
     print(result)
     print(f"report: {result.report(out, title=f'analysis of {args.target}').resolve()}")
     return 0
@@ -366,6 +368,9 @@ def _add_analyze(sub) -> None:
     a.add_argument("--out", default="analysis", help="output folder (default ./analysis; kept unless --force)")
     a.add_argument("--force", action="store_true", help="overwrite a previous analysis in --out")
     a.add_argument("--representations", default=None, help="comma-separated module names, globs (blocks.*) to read")
+    a.add_argument(
+        "--heads", default=None, help="head counts of attention modules, e.g. blocks.*.attn=4 (comma-separated)"
+    )
     a.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     a.set_defaults(func=_cmd_analyze)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import time
+from functools import partial
 from typing import cast
 
 import numpy as np
@@ -40,12 +41,12 @@ from ..models.convert import from_torch, to_torch
 from ..models.leaky_resnet import LeakyResNet
 from ..models.mlp import MLP
 from . import weightwatcher as ww
-from .attention import head_rows
+from .attention import given_heads, head_rows
 from .conv_operator import conv_inputs, operator_spectrum
 from .layers import Layer, input_side, layer_model
 from .loaders import WeightsChain, WeightsFile, check_values
 from .report import ModelAnalysis
-from .representations import capture, row, select
+from .representations import Captured, acts_on_tokens, blocks, capture, functional, row, select
 from .spectra import singular_values
 
 
@@ -80,9 +81,14 @@ def _fit(out: torch.Tensor, Y) -> dict:
     Y = _as_samples("Y", Y)
     if len(Y) != len(out):
         raise FeaturelabError(f"Y has {len(Y)} rows but X has {len(out)}; both need one row per sample")
-    if not (Y.is_floating_point() or Y.is_complex()):  # labels of any integer dtype
+    if not (Y.is_floating_point() or Y.is_complex()):  # labels of any integer dtype, one per sample or token
         Y = Y.long().reshape(-1)
-        pred = out.argmax(1) if out.ndim == 2 and out.shape[1] > 1 else (out.reshape(-1) > 0).long()
+        scores = out.ndim >= 2 and out.shape[-1] > 1
+        pred = out.argmax(-1).reshape(-1) if scores else (out.reshape(-1) > 0).long()
+        if len(pred) != len(Y):
+            raise FeaturelabError(
+                f"Y has shape {tuple(Y.shape)} but the model's output {tuple(out.shape)} gives {len(pred)} predictions"
+            )
         return {"train_error": float((pred != Y).double().mean())}
     if Y.numel() != out.numel():
         raise FeaturelabError(f"Y has shape {tuple(Y.shape)} but the model's output has {tuple(out.shape)}")
@@ -279,12 +285,145 @@ def _check_output(out) -> None:
         )
 
 
+def _inputs(X) -> torch.Tensor:
+    """X as the model will see it: floats in float64, integers (token ids) as int64, never cast to float."""
+    X = _as_samples("X", X)
+    if X.is_floating_point():
+        X = X.to(torch.float64)
+        if not torch.isfinite(X).all():
+            raise FeaturelabError("X contains NaN or inf; all entries must be finite")
+    elif X.dtype != torch.bool and not X.is_complex():
+        X = X.long()
+    return X
+
+
+def _forward(net: nn.Module, X: torch.Tensor, names: set[str], funcs, stream: list[str]) -> Captured:
+    """One hooked forward pass (`representations.capture`); a model that fails on X is one line."""
+    try:
+        cap = capture(net, X, names, funcs, stream)
+    except (RuntimeError, TypeError, IndexError, ValueError) as exc:
+        ids = "" if X.is_floating_point() else f", dtype {str(X.dtype).removeprefix('torch.')}"
+        raise FeaturelabError(
+            f"the model failed on X of shape {tuple(X.shape)}{ids} ({str(exc).splitlines()[0]}); give X in the shape "
+            "the model takes, rows are samples (conv nets: N x c x H x W; token ids: N x T integers; command line: "
+            "--shape c,H,W)"
+        ) from None
+    _check_output(cap.out)
+    return cap
+
+
+def _input_rows(X: torch.Tensor, cap: Captured, notes: list[str]) -> list[tuple]:
+    """The input row: X itself (a boolean X as 0/1), or for integer X (token ids, whose values have no spectrum)
+    the embedded stream entering the first block (row "embedded")."""
+    if X.is_floating_point() or X.dtype == torch.bool:
+        return [("input", "input", X.double(), X.double())]
+    if cap.entry is not None and cap.entry.is_floating_point():
+        return [("embedded", "input", cap.entry, cap.entry)]
+    notes.append("X holds integer ids and the model has no repeated blocks: no input row (ids have no spectrum)")
+    return []
+
+
+def _representations(net, X, representations, per_token, measure, notes: list[str], summary: dict):
+    """The representation rows and spectra (input or embedded stream, each chosen module or functional
+    activation call, output) and the forward pass's `Captured`. `measure`: `representations.row` with the
+    options bound."""
+    funcs = functional(net)
+    names, rule = select(net, representations, funcs)
+    stream = blocks(net)
+    cap = _forward(net, X, names, funcs, stream)
+    if per_token is None:  # the blocks act on (batch, tokens, width): the residual stream is read per token
+        modules = dict(net.named_modules())
+        per_token = bool(cap.block) and acts_on_tokens(modules[cap.block], cap.block_shape or torch.Size())
+    summary["representations"] = rule + ("; 3-D ones read per token (N·T rows)" if per_token else "")
+    reps = cap.reps
+    if isinstance(net, LeakyResNet) and representations is None:
+        with torch.no_grad():
+            reps = [(f"A_{l}", "LeakyResNet", A, A) for l, A in enumerate(net.representations(X))]
+    rows, spectra = [], {}
+    out = cast(torch.Tensor, cap.out)
+    for name, kind, coi_A, A in [*_input_rows(X, cap, notes), *reps, ("output", "output", out, out)]:
+        r, s = measure(name, kind, A, coi_A, per_token=per_token)
+        rows.append(r)
+        spectra[name] = s
+    hidden = [r for r in rows if r["type"] not in ("input", "output")]
+    if hidden:
+        low = min(hidden, key=lambda r: r["effective_rank"])
+        summary["representation_bottleneck"] = {"name": low["name"], "effective_rank": low["effective_rank"]}
+    return rows, spectra, cap
+
+
+def _jacobian(net: nn.Module, X: torch.Tensor, k: int, rtol: float, layers: int) -> dict:
+    """summary["jacobian"]: the input-Jacobian rank and NTK trace at the first k samples."""
+    if not X.is_floating_point():
+        raise FeaturelabError(
+            f"jacobian={k} needs float inputs X; X holds integer ids (dtype {X.dtype}), which have no input "
+            "Jacobian: pass jacobian=0"
+        )
+    t1 = time.perf_counter()
+    sub = X[:k]
+    ranks = jacobian_ranks(net, sub, rtol=rtol)
+    trace = ntk_trace(net, sub)
+    return {
+        "samples": len(sub),
+        "rank_max": int(ranks.max()),
+        "rank_median": float(ranks.double().median()),
+        "ntk_trace_mean": float(trace.mean()),
+        "ntk_trace_per_layer": float(trace.mean()) / layers,
+        "seconds": time.perf_counter() - t1,
+    }
+
+
+def _check_arguments(X, Y, representations, jacobian, per_token, **numbers) -> None:
+    """One line for an option out of range, or for an option that needs X without X."""
+    int_at_least("top", numbers.pop("top"), 1)
+    int_at_least("jacobian", jacobian, 0)
+    for name, v in numbers.items():
+        non_negative(name, v)
+    if per_token not in (None, True, False):
+        raise FeaturelabError(f"per_token = {per_token!r} is not allowed: give None (automatic), True or False")
+    for what, given in (
+        ("Y was given", Y),
+        ("representations were chosen", representations),
+        ("jacobian > 0", jacobian),
+    ):
+        if X is None and given is not None and given is not False and given != 0:
+            raise FeaturelabError(f"{what} without X; give the inputs X too")
+
+
+def _weight_tables(net: nn.Module, model: nn.Module, calls, heads, options: dict, notes: list[str], summary: dict):
+    """The layer model and its tables: layers (with k_mid's counts when there is one), spectra, balance,
+    rebalanced spectra, attention heads."""
+    lm = layer_model(net, calls, heads)
+    if not lm.layers:
+        raise FeaturelabError(f"model {type(model).__name__} has no weight matrix (no Linear, Conv or 2-D parameter)")
+    summary["layer_order"] = lm.order
+    if isinstance(net, WeightsFile):
+        notes.append(
+            "weights file: layers in the natural order of their names; a file stores no forward, so there are no "
+            "pairs and no BatchNorm folding (a plain Linear chain is read as one)"
+        )
+    else:
+        notes += lm.notes
+    notes += lm.attention_notes
+    if isinstance(net, WeightsChain):
+        notes.append("weights file read as a Linear chain with a ReLU between layers (the file stores no activation)")
+    top, effective_rtol, rtol = options["top"], options["effective_rtol"], options["rtol"]
+    layers, spectra, balance, esd = _layer_rows(
+        lm, top, effective_rtol, rtol, options["weightwatcher"], options["conv_inputs"], notes
+    )
+    rebalanced_spectra = _bottleneck(net, lm, layers, options["atol"], notes, summary)
+    attention = pd.DataFrame([r for h in lm.heads for r in head_rows(h, effective_rtol, rtol)])
+    return lm, layers, spectra, balance, rebalanced_spectra, attention, esd
+
+
 def analyze(
     model: nn.Module,
     X=None,
     Y=None,
     *,
     representations=None,
+    heads: dict[str, int] | None = None,
+    per_token: bool | None = None,
     top: int = 5,
     effective_rtol: float = 0.1,
     rtol: float = 1e-3,
@@ -296,113 +435,52 @@ def analyze(
     """Measure `model`'s weight layers and, with inputs X, its representations (module docstring).
 
     model: any ``nn.Module``; a featurelab `MLP` is analysed as its ``to_torch`` chain.
-    X: inputs, rows are samples (``N x d_in``, or ``N x c x ...`` images for conv nets); None: weights only.
-    Y: optional targets (``N x d_out`` floats, or ``N`` integer labels of any integer dtype) for the fit.
-    representations: the module outputs to read (module names, glob patterns such as ``"blocks.*"``, or
-        nn.Module types); None: the repeated blocks' outputs (the residual stream) when the model has repeated
-        blocks, else every activation and custom module. Input and output rows are always there.
+    X: inputs, rows are samples (``N x d_in``, ``N x c x ...`` images for conv nets, ``N x T`` integer token ids
+        for sequence models: kept as int64, never cast to float); None: weights only.
+    Y: optional targets (``N x d_out`` floats, or ``N`` (``N x T``) integer labels of any integer dtype).
+    representations: the module outputs and functional activations to read (names, glob patterns such as
+        ``"blocks.*"``, or nn.Module types); None: the repeated blocks' outputs (the residual stream) when the
+        model has repeated blocks, else every activation (module or function) and custom module.
+    heads: head counts by module name or glob, for attention modules that keep theirs under another name.
+    per_token: read a 3-D representation (N x T x E) as N·T rows of E units; None: when the blocks act on
+        (batch, tokens, width).
     top: singular values listed per row. effective_rtol: threshold of the effective rank #{s_i >= effective_rtol·s_1}.
     rtol: relative tolerance of the numerical rank (and of the Jacobian rank).
     gamma: γ₀ of COI_γ (relative, γ = γ₀‖K‖_op; 0 skips it).
     atol: absolute singular-value threshold of the bottleneck rank k_mid (on rebalanced weights).
-    jacobian: number of samples (the first rows of X) at which to compute the input-Jacobian rank and the NTK
-        trace Tr Θ(x, x) (0: off). Cost: one reverse pass per output and sample for the Jacobian, and one per
-        output and sample over the trainable parameters for the NTK (memory d_out·P per sample).
+    jacobian: number of samples (the first rows of X, float inputs) at which to compute the input-Jacobian rank
+        and the NTK trace Tr Θ(x, x) (0: off); one reverse pass per output and sample for each (memory d_out·P
+        per sample for the NTK).
     weightwatcher: add WeightWatcher's columns (ww_*: its ESD, norm, stable rank and power-law alpha).
 
-    Costs otherwise: one SVD per weight matrix (full for paired layers, values only otherwise), one forward
-    pass, and per representation one spectrum of ``N x units`` (Gram route when both sides exceed 512) and
-    COI_γ.
+    Costs otherwise: one SVD per weight matrix, one forward pass, and per representation one spectrum of
+    ``rows x units`` (Gram route when both sides exceed 128) and COI_γ.
     """
     _check_model(model)
-    int_at_least("top", top, 1)
-    int_at_least("jacobian", jacobian, 0)
-    for name, v in (("effective_rtol", effective_rtol), ("rtol", rtol), ("gamma", gamma), ("atol", atol)):
-        non_negative(name, v)
+    numbers = dict(top=top, effective_rtol=effective_rtol, rtol=rtol, gamma=gamma, atol=atol)
+    _check_arguments(X, Y, representations, jacobian, per_token, **numbers)
+    given = given_heads(heads)
     t0 = time.perf_counter()
     source = to_torch(model) if isinstance(model, MLP) else model
     net = copy.deepcopy(source).cpu().to(torch.float64).eval()
     notes: list[str] = []
     summary: dict = {"parameters": sum(p.numel() for p in net.parameters())}
     summary["trainable_parameters"] = sum(p.numel() for p in net.parameters() if p.requires_grad)
-
     rep_rows, rep_spectra, calls = [], {}, None
     if X is not None:
-        X = _as_samples("X", X).to(torch.float64)
-        if not torch.isfinite(X).all():
-            raise FeaturelabError("X contains NaN or inf; all entries must be finite")
-        names, rule = select(net, representations)
-        summary["representations"] = rule
-        try:
-            out, reps, calls = capture(net, X, names)
-        except (RuntimeError, TypeError, IndexError, ValueError) as exc:
-            raise FeaturelabError(
-                f"the model failed on X of shape {tuple(X.shape)} ({str(exc).splitlines()[0]}); give X in the shape "
-                "the model takes, rows are samples (conv nets: N x c x H x W; command line: --shape c,H,W)"
-            ) from None
-        _check_output(out)
-        if isinstance(net, LeakyResNet) and representations is None:
-            with torch.no_grad():
-                reps = [(f"A_{l}", "LeakyResNet", A, A) for l, A in enumerate(net.representations(X))]
-        for name, kind, coi_A, A in [("input", "input", X, X), *reps, ("output", "output", out, out)]:
-            r, s = row(name, kind, A, coi_A, top, effective_rtol, rtol, gamma)
-            rep_rows.append(r)
-            rep_spectra[name] = s
-        hidden = rep_rows[1:-1]
-        if hidden:
-            low = min(hidden, key=lambda r: r["effective_rank"])
-            summary["representation_bottleneck"] = {"name": low["name"], "effective_rank": low["effective_rank"]}
+        X = _inputs(X)
+        measure = partial(row, top=top, effective_rtol=effective_rtol, rtol=rtol, gamma=gamma)
+        rep_rows, rep_spectra, cap = _representations(net, X, representations, per_token, measure, notes, summary)
+        calls = cap.calls
         if Y is not None:
-            summary |= _fit(out, Y)
-    elif Y is not None:
-        raise FeaturelabError("Y was given without X; give the inputs X too")
-    elif representations is not None:
-        raise FeaturelabError("representations were chosen without X; give the inputs X too")
-
-    lm = layer_model(net, calls)
-    if not lm.layers:
-        raise FeaturelabError(f"model {type(model).__name__} has no weight matrix (no Linear, Conv or 2-D parameter)")
-    summary["layer_order"] = lm.order
-    if isinstance(net, WeightsFile):
-        notes.append(
-            "weights file: layers in the natural order of their names; a file stores no forward, so there are no "
-            "pairs and no BatchNorm folding (a plain Linear chain is read as one)"
-        )
-    else:
-        notes += lm.notes
-    if isinstance(net, WeightsChain):
-        notes.append("weights file read as a Linear chain with a ReLU between layers (the file stores no activation)")
-    inputs = conv_inputs(net, X) if X is not None else None
-    layers, spectra, balance, esd = _layer_rows(lm, top, effective_rtol, rtol, weightwatcher, inputs, notes)
-    rebalanced_spectra = _bottleneck(net, lm, layers, atol, notes, summary)
-    heads = pd.DataFrame([r for h in lm.heads for r in head_rows(h, effective_rtol, rtol)])
-
-    if jacobian:
-        if X is None:
-            raise FeaturelabError("jacobian > 0 needs inputs X")
-        t1 = time.perf_counter()
-        sub = X[:jacobian]
-        ranks = jacobian_ranks(net, sub, rtol=rtol)
-        trace = ntk_trace(net, sub)
-        summary["jacobian"] = {
-            "samples": len(sub),
-            "rank_max": int(ranks.max()),
-            "rank_median": float(ranks.double().median()),
-            "ntk_trace_mean": float(trace.mean()),
-            "ntk_trace_per_layer": float(trace.mean()) / len(lm.layers),
-            "seconds": time.perf_counter() - t1,
-        }
+            summary |= _fit(cast(torch.Tensor, cap.out), Y)
+    options = numbers | {"weightwatcher": weightwatcher, "conv_inputs": conv_inputs(net, X) if X is not None else None}
+    lm, layers, spectra, balance, rebalanced, attention, esd = _weight_tables(
+        net, model, calls, given, options, notes, summary
+    )
+    if jacobian and X is not None:
+        summary["jacobian"] = _jacobian(net, X, jacobian, rtol, len(lm.layers))
     summary["seconds"] = time.perf_counter() - t0
     summary["notes"] = notes
-    return ModelAnalysis(
-        layers,
-        pd.DataFrame(rep_rows),
-        summary,
-        spectra,
-        rep_spectra,
-        balance,
-        rebalanced_spectra,
-        pd.DataFrame(lm.norms),
-        heads,
-        esd,
-    )
+    tables = (layers, pd.DataFrame(rep_rows), summary, spectra, rep_spectra, balance, rebalanced)
+    return ModelAnalysis(*tables, pd.DataFrame(lm.norms), attention, esd)

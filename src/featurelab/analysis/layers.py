@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .attention import Heads, is_attention, split
+from ..errors import FeaturelabError
+from .attention import Heads, Row, check_split, head_count, looks_like_attention, projections, split
 
 CONVS = (nn.Conv1d, nn.Conv2d)
 WEIGHTED = (nn.Linear, *CONVS)
@@ -91,9 +92,29 @@ HOMOGENEOUS_FUNCTIONS = {
     F.adaptive_avg_pool2d,
     F.adaptive_max_pool2d,
 }
-ELEMENTWISE_FUNCTIONS = {F.gelu, torch.tanh, torch.sigmoid, F.silu, F.elu, F.softplus, F.mish, F.hardswish, F.relu6}
-HOMOGENEOUS_METHODS = {"relu", "flatten", "view", "reshape"}
-ELEMENTWISE_METHODS = {"tanh", "sigmoid"}
+ELEMENTWISE_FUNCTIONS = {
+    F.gelu,
+    torch.tanh,
+    F.tanh,
+    torch.sigmoid,
+    F.sigmoid,
+    F.silu,
+    F.elu,
+    F.selu,
+    torch.selu,
+    F.celu,
+    F.softplus,
+    F.mish,
+    F.hardswish,
+    F.hardsigmoid,
+    F.hardtanh,
+    F.relu6,
+}
+HOMOGENEOUS_METHODS = {"relu", "relu_", "flatten", "view", "reshape"}
+ELEMENTWISE_METHODS = {"tanh", "tanh_", "sigmoid", "sigmoid_"}
+# the activations called as functions or methods inside a forward: representations are read after them
+ACTIVATION_FUNCTIONS = {torch.relu, torch.relu_, F.relu, F.relu_, F.leaky_relu} | ELEMENTWISE_FUNCTIONS
+ACTIVATION_METHODS = {"relu", "relu_"} | ELEMENTWISE_METHODS
 TOKEN_NAMES = ("*token*", "*pos_embed*", "*position*", "*pos_emb*", "*register*")
 
 
@@ -132,13 +153,14 @@ class LayerModel:
     heads: list[Heads]
     order: str  # "torch.fx", "forward calls" or "registration"
     notes: list[str]
+    attention_notes: list[str] = field(default_factory=list)  # attention-like modules left unsplit, and why
 
 
 # ------------------------------------------------------------------------------------ tracing
 def _tracer(leaves: set[nn.Module]) -> fx.Tracer:
     class Tracer(fx.Tracer):
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            if m in leaves or is_attention(m) or isinstance(m, NORMS):
+            if m in leaves or looks_like_attention(m) or isinstance(m, NORMS):
                 return True
             # torch.nn modules with submodules (nn.TransformerEncoderLayer, ...) are traced through when they can be
             return super().is_leaf_module(m, qualname) and not list(m.children())
@@ -152,7 +174,7 @@ def trace(net: nn.Module) -> tuple[fx.Graph | None, str]:
     leaves: set[nn.Module] = set()
     reason = ""
     for _, m in reversed(list(net.named_modules())):  # children before their parents
-        if not list(m.children()) or is_attention(m) or isinstance(m, NORMS):
+        if not list(m.children()) or looks_like_attention(m) or isinstance(m, NORMS):
             continue
         try:
             graph = _tracer(leaves).trace(m)
@@ -165,6 +187,30 @@ def trace(net: nn.Module) -> tuple[fx.Graph | None, str]:
     if net in leaves or not list(net.children()):
         return None, reason or "the model has no submodules"
     return None, reason
+
+
+def shallow_trace(m: nn.Module) -> fx.GraphModule | None:
+    """`m`'s own forward as an fx GraphModule in which every submodule stays a module call (so its hooks still
+    fire), or None when that forward cannot be traced symbolically."""
+
+    class Shallow(fx.Tracer):
+        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+            return True
+
+    try:
+        return fx.GraphModule(m, Shallow().trace(m))
+    except Exception:  # any failure of symbolic tracing: the module's functional activations are not read
+        return None
+
+
+def activation_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """The activations `graph` calls as functions (``F.relu``, ``torch.tanh``, ...) or methods (``x.relu()``)."""
+    return [
+        n
+        for n in graph.nodes
+        if (n.op == "call_function" and n.target in ACTIVATION_FUNCTIONS)
+        or (n.op == "call_method" and n.target in ACTIVATION_METHODS)
+    ]
 
 
 def _step(node: fx.Node, modules: dict[str, nn.Module], prev: fx.Node) -> str:
@@ -326,9 +372,42 @@ def _module_layers(name: str, m: nn.Module, fold: nn.Module | None, fold_name: s
     return out
 
 
-def layer_model(net: nn.Module, calls: list[str] | None = None) -> LayerModel:
+def _attention(
+    modules: dict[str, nn.Module], given: dict[str, int]
+) -> tuple[dict[str, tuple[list[Row], Heads, tuple[str, ...]]], list[str]]:
+    """The attention modules split per head ({name: (rows, heads, names of the modules they consume)}) and a
+    note for each that looks like attention but cannot be split, naming the ``heads=`` entry that splits it.
+    A `given` head count that does not split its module, or a pattern that matches no attention module, is a
+    one-line error."""
+    out, notes, used = {}, [], set()
+    for name, m in modules.items():
+        forced = [p for p in given if fnmatch.fnmatchcase(name, p)]
+        p = projections(name, m, modules, bool(forced))
+        if p is None:
+            continue
+        H, source = head_count(name, m, modules, given)
+        problem = check_split(name, p, H, source) if H else f"{name} looks like attention but has no head count"
+        if problem and forced:
+            raise FeaturelabError(problem)
+        if problem:
+            notes.append(f"{problem}: pass heads={{{name!r}: H}}")
+            continue
+        used.update(forced[:1])
+        rows, heads = split(name, p, H)
+        out[name] = (rows, heads, p.consumed)
+    unused = [p for p in given if p not in used]
+    if unused:
+        raise FeaturelabError(
+            f"heads: {unused[0]!r} matches no attention module (one with Q, K, V projections: a fused Linear "
+            "of 3E outputs read by an output projection of E inputs, or q/k/v Linears)"
+        )
+    return out, notes
+
+
+def layer_model(net: nn.Module, calls: list[str] | None = None, heads: dict[str, int] | None = None) -> LayerModel:
     """The weight layers of `net` in forward order, its norms, attention heads and pairs (module docstring).
-    `calls`: module names in forward call order (from hooks), used when fx cannot trace the model."""
+    `calls`: module names in forward call order (from hooks), used when fx cannot trace the model. `heads`: head
+    counts by module name or glob, for attention modules that keep theirs under another name (`attention`)."""
     modules = dict(net.named_modules())
     graph, reason = trace(net)
     notes = []
@@ -357,17 +436,16 @@ def layer_model(net: nn.Module, calls: list[str] | None = None) -> LayerModel:
                 return position[".".join(parts[:i])]
         return float("inf")
 
-    layers, heads, skip = [], [], set()
+    attention, attention_notes = _attention(modules, heads or {})
+    consumed = {c for _, _, names in attention.values() for c in names}
+    layers, split_heads = [], []
     for rank, (name, m) in enumerate(modules.items()):
-        if any(name.startswith(s + ".") for s in skip):
-            continue
-        if is_attention(m):
-            skip.add(name)
-            rows, h = split(name, m)
-            heads.append(h)
-            at = key(name)
+        if name in attention:
+            rows, h, _ = attention[name]
+            split_heads.append(h)
             for j, (rname, typ, kind, W, b) in enumerate(rows):
-                layers.append(((at, rank, j), Layer(rname, typ, kind, W, b, tuple(W.shape), m)))
+                layers.append(((key(name), rank, j), Layer(rname, typ, kind, W, b, tuple(W.shape), m)))
+        if name in consumed:
             continue
         bn_name = links.get(name, (None,))[0]
         for j, layer in enumerate(_module_layers(name, m, modules[bn_name] if bn_name else None, bn_name or "")):
@@ -390,7 +468,7 @@ def layer_model(net: nn.Module, calls: list[str] | None = None) -> LayerModel:
         else:
             status = "normalises across units: no pair crosses it"
         norms.append({"name": name, "type": type(m).__name__, "status": status})
-    return LayerModel(ordered, pairs, norms, heads, order, notes)
+    return LayerModel(ordered, pairs, norms, split_heads, order, notes, attention_notes)
 
 
 def input_side(a: Layer, b: Layer) -> torch.Tensor | None:

@@ -281,6 +281,20 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def parse_heads(text: str) -> dict[str, int]:
+    """``"blocks.*.attn=4,enc.attn=2"`` as {"blocks.*.attn": 4, "enc.attn": 2}: module names or globs and their
+    head counts; anything else is a one-line error."""
+    out = {}
+    for part in text.split(","):
+        name, eq, count = part.strip().rpartition("=")
+        if not (eq and name and count.strip().isdigit() and int(count) > 0):
+            raise FeaturelabError(
+                f"--heads {text!r} is not allowed: give module=count pairs separated by commas, e.g. blocks.*.attn=4"
+            )
+        out[name.strip()] = int(count)
+    return out
+
+
 def _numeric(data: str, key: str, A: np.ndarray) -> torch.Tensor:
     if A.dtype.kind not in "biuf":
         raise FeaturelabError(
@@ -293,7 +307,8 @@ def _numeric(data: str, key: str, A: np.ndarray) -> torch.Tensor:
 
 def load_inputs(data: str, n: int | None = 1000, shape: tuple[int, ...] | None = None):
     """(X, Y) of ``digits`` (the first `n` training digits, X ``n x 64``, labels Y) or of an ``.npz`` file with
-    numeric arrays ``X`` (rows are samples) and optionally ``Y``; rows reshaped to `shape` (e.g. (1, 8, 8))."""
+    numeric arrays ``X`` (rows are samples; integer token ids ``N x T`` stay integers) and optionally ``Y``; rows
+    reshaped to `shape` (e.g. (1, 8, 8))."""
     if data == "digits":
         from ..data.digits import digits
 
@@ -342,4 +357,4 @@ def check_out(out: str | Path, force: bool = False) -> Path:
     return path
 
 
-__all__ = ["weights_module", "load_factory", "load_inputs", "parse_shape", "check_out"]
+__all__ = ["weights_module", "load_factory", "load_inputs", "parse_shape", "parse_heads", "check_out"]
