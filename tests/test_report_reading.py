@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from featurelab.claims import Check, claim, claim_from_check, digits, threshold_claim
-from featurelab.figures import legends_outside, plt
+from featurelab.figures import legends_outside, plt, save_figure
 from featurelab.runs.report import render_report
 
 SQRT2_M1 = math.sqrt(2) - 1  # 0.41421356...
@@ -113,3 +113,21 @@ def test_legends_sit_beside_their_panels_off_the_curves_and_off_the_next_panel()
     assert boxes[0].x0 >= axes[0].get_window_extent().x1
     assert not boxes[0].overlaps(axes[1].get_window_extent())
     plt.close(fig)
+
+
+def test_a_colorbar_under_another_layout_engine_keeps_every_legend_off_the_other_panels(tmp_path):
+    """A colorbar made under the tight layout forbids switching to the constrained one: saving still works, and
+    no legend covers another panel (the one beside the colorbar goes back inside its own panel)."""
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3), layout="tight")
+    fig.colorbar(axes[0].imshow(np.arange(25.0).reshape(5, 5)), ax=axes[0])
+    for ax in axes:
+        ax.plot([0, 4], [0, 4], label="diagonal")
+        ax.legend()
+    legends_outside(fig)
+    fig.draw_without_rendering()
+    boxes = [ax.get_window_extent() for ax in fig.axes]
+    for i, ax in enumerate(fig.axes):
+        legend = ax.get_legend()
+        if legend is not None:
+            assert not any(legend.get_window_extent().overlaps(b) for j, b in enumerate(boxes) if j != i)
+    assert save_figure(fig, tmp_path, "colorbar")[0].stat().st_size > 0

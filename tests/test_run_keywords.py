@@ -119,7 +119,7 @@ def test_overwrite_refuses_a_folder_that_holds_no_run(tmp_path, foreign):
     assert all(path.read_text() == text for path, text in keep.items())
 
 
-@pytest.mark.parametrize("batch,workers", [(True, 1), (False, 1), (False, 2)])
+@pytest.mark.parametrize("batch,workers", [(True, 1), (False, 1), pytest.param(False, 2, marks=pytest.mark.slow)])
 def test_a_build_that_raises_stops_the_run_at_once_naming_the_unit(tmp_path, batch, workers):
     """Planned ensembles (build in the parent), one-by-one units (build inside the unit's run) and worker
     processes: the run stops with one line naming the unit and the exception's first line, built once."""

@@ -20,14 +20,27 @@ from .io import write_bytes  # noqa: E402
 def legends_outside(fig: Figure) -> None:
     """Move each panel's legend of `fig` beside the panel (its upper left corner at the panel's upper right),
     where it covers no curve. When every panel sits on the figure's grid, matplotlib's constrained layout then
-    makes room for the legends between the panels; figure-level legends are left where they are."""
+    makes room for the legends between the panels. A legend that would still cover another panel (a colorbar
+    made under another layout engine, which keeps that engine) goes back inside its panel, where it covers
+    the least ("best"). Figure-level legends are left where they are."""
     legends = [ax.get_legend() for ax in fig.axes]
+    if not any(legends):
+        return
     for ax, legend in zip(fig.axes, legends):
         if legend is not None:
             legend.set_loc("upper left")
             legend.set_bbox_to_anchor((1.02, 1.0), transform=ax.transAxes)
-    if any(legends) and all(ax.get_subplotspec() is not None for ax in fig.axes):
-        fig.set_layout_engine("constrained")
+    if all(ax.get_subplotspec() is not None for ax in fig.axes):
+        try:
+            fig.set_layout_engine("constrained")
+        except RuntimeError:  # a colorbar exists under an incompatible engine: that engine stays
+            pass
+    fig.draw_without_rendering()
+    boxes = [ax.get_window_extent() for ax in fig.axes]
+    for i, legend in enumerate(legends):
+        if legend is not None and any(legend.get_window_extent().overlaps(b) for j, b in enumerate(boxes) if j != i):
+            legend.set_loc("best")
+            legend.set_bbox_to_anchor(None)
 
 
 def save_figure(fig: Figure, folder: str | Path, name: str) -> list[Path]:
