@@ -2,6 +2,7 @@
 flags), a build that raises stops the run at once naming its unit, progress bars with the time left, and the
 run record's and training result's inline HTML (escaped)."""
 
+import dataclasses
 import re
 import sys
 import types
@@ -133,6 +134,17 @@ def test_a_build_that_raises_stops_the_run_at_once_naming_the_unit(tmp_path, bat
     assert not (tmp_path / "run" / "results.json").exists()
     if workers == 1:
         assert BUILDS.count(("b", "cpu")) == 1  # never retried (the memory estimate builds on "meta" first)
+
+
+def test_units_that_cannot_be_listed_are_one_line_naming_the_experiment(tmp_path, monkeypatch):
+    def broken_units(cfg):
+        raise RuntimeError("no width\nmore")
+
+    monkeypatch.setitem(REGISTRY, KEYWORDS.name, dataclasses.replace(KEYWORDS, units=broken_units))
+    with pytest.raises(fl.FeaturelabError) as exc:
+        run(tmp_path / "run")
+    assert str(exc.value) == "the units of test-run-keywords cannot be listed: RuntimeError: no width"
+    assert isinstance(exc.value.__cause__, RuntimeError) and not (tmp_path / "run").exists()
 
 
 def test_ctrl_c_in_a_build_is_not_swallowed(tmp_path):

@@ -111,7 +111,7 @@ def resolve_config(name: str, preset: str = "quick", overrides: dict | None = No
         values["seed"] = seed
     cfg = validate(exp.config, values, name)
     seen: set[str] = set()
-    for unit in exp.units(cfg):
+    for unit in _list_units(exp, cfg):
         if unit["id"] in seen:
             raise FeaturelabError(
                 f"two units of {name} would share the id {unit['id']!r} (and its folder): "
@@ -123,6 +123,17 @@ def resolve_config(name: str, preset: str = "quick", overrides: dict | None = No
     if exp.build is not None:
         _check_build_memory(exp, cfg)
     return exp, cfg
+
+
+def _list_units(exp, cfg) -> list[dict]:
+    """``exp.units(cfg)``; an exception it raises (a bug, or a config it cannot split into units) is one line
+    naming the experiment and the exception's first line (its traceback chained)."""
+    try:
+        return exp.units(cfg)
+    except FeaturelabError:
+        raise
+    except Exception as exc:
+        raise FeaturelabError(f"the units of {exp.name} cannot be listed: {one_line(exc)}") from exc
 
 
 def _kind_name(kind) -> str:
