@@ -64,7 +64,7 @@ def test_every_help_has_examples_experiments_and_defaults():
         assert all(f"  {e.name} " in text for text in helps), e.name
     run_help = helps[0]
     assert "default quick" in " ".join(run_help.split())
-    assert set(presets()) == {"quick", "tiny", "paper", "depth4"}
+    assert set(presets()) == {"quick", "tiny", "paper", "depth4", "paper-cpu"}
 
 
 @pytest.mark.parametrize("delay", [0.5, 2.0])

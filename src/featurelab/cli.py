@@ -290,7 +290,8 @@ def _add_run(sub) -> None:
         "--preset",
         default="quick",
         help=f"one of {', '.join(presets())} (default quick: a 2-core CPU in minutes; tiny: seconds; "
-        "paper: the paper's settings, for a GPU or a cluster)",
+        "paper: the paper's settings, for a GPU or a cluster; paper-cpu, where listed: the paper's nets, data and λ "
+        "with fewer steps, samples or seeds, hours on a 2-core CPU)",
     )
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     r.add_argument("--out", default=None, help="run folder (default runs/EXP-PRESET)")

@@ -129,6 +129,8 @@ PRESETS = {
         "checkpoint_every": 5000,
     },
 }
+# paper-cpu: "paper" with seeds 0, 1, 2 (paper 0-4) and 20000 steps (paper 30000)
+PRESETS["paper-cpu"] = {**PRESETS["paper"], "seeds": [0, 1, 2], "steps": 20000}
 
 
 def make_data(cfg: Config):
@@ -493,7 +495,11 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     return Analysis(claims, figures, tables, summary, notes)
 
 
-CATALOG = (Entry("bn-rank-depth", ("quick", "tiny", "paper"), "Jacot 2023 Fig. 1: ‖θ‖² slope = rank; Theorem 3", 21),)
+CATALOG = (
+    Entry(
+        "bn-rank-depth", ("quick", "tiny", "paper", "paper-cpu"), "Jacot 2023 Fig. 1: ‖θ‖² slope = rank; Theorem 3", 21
+    ),
+)
 
 EXPERIMENT = Experiment(
     name="bn-rank-depth",

@@ -69,6 +69,8 @@ PRESETS = {
     "tiny": {"adam_steps": 200, "gd_steps": 100, "n_train": 300},
     "paper": {"dataset": "mnist", "width": 200, "adam_steps": 0, "gd_steps": 20000, "gd_lr": 0.1},
 }
+# paper-cpu: "paper" with 10000 GD steps (paper 20000)
+PRESETS["paper-cpu"] = {**PRESETS["paper"], "gd_steps": 10000}
 
 
 def make_data(cfg: Config):
@@ -207,7 +209,11 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     return Analysis(claims, figures, {"layers": table}, summary, notes)
 
 
-CATALOG = (Entry("forces", ("quick", "tiny", "paper"), "Jacot et al. 2022 Fig. 1: attraction/repulsion, rays", 31),)
+CATALOG = (
+    Entry(
+        "forces", ("quick", "tiny", "paper", "paper-cpu"), "Jacot et al. 2022 Fig. 1: attraction/repulsion, rays", 31
+    ),
+)
 
 EXPERIMENT = Experiment(
     name="forces",

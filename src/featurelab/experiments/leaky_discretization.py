@@ -104,6 +104,9 @@ PRESETS = {
         "reference_depth": 18,
     },
 }
+# paper-cpu: "paper" with N = 250 (paper 1000), 2 seeds per (L, scheme) (paper 3), Adam 5000 + GD 1000 steps
+# (paper 20000 + 10000)
+PRESETS["paper-cpu"] = {**PRESETS["paper"], "n_train": 250, "n_seeds": 2, "adam_steps": 5000, "gd_steps": 1000}
 
 
 def unit_config(cfg: Config, unit: dict) -> Config:
@@ -401,7 +404,12 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
 
 
 CATALOG = (
-    Entry("leaky-discretization", ("quick", "tiny", "paper"), "Jacot & Kaiser Fig. 2: equidistant/adaptive steps", 13),
+    Entry(
+        "leaky-discretization",
+        ("quick", "tiny", "paper", "paper-cpu"),
+        "Jacot & Kaiser Fig. 2: equidistant/adaptive steps",
+        13,
+    ),
 )
 
 EXPERIMENT = Experiment(

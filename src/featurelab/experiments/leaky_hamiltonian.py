@@ -65,6 +65,8 @@ PRESETS = {
         "checkpoint_every": 2500,
     },
 }
+# paper-cpu: "paper" with N = 250 training points (paper 1000) and Adam 8000 + GD 3000 steps (paper 20000 + 10000)
+PRESETS["paper-cpu"] = {**PRESETS["paper"], "n_train": 250, "adam_steps": 8000, "gd_steps": 3000}
 
 
 def unit_config(cfg: Config, Lt: float) -> Config:
@@ -580,7 +582,10 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
 
 CATALOG = (
     Entry(
-        "leaky-hamiltonian", ("quick", "tiny", "paper"), "Jacot & Kaiser Figs. 1, 3: Hamiltonian, cost of identity", 12
+        "leaky-hamiltonian",
+        ("quick", "tiny", "paper", "paper-cpu"),
+        "Jacot & Kaiser Figs. 1, 3: Hamiltonian, cost of identity",
+        12,
     ),
 )
 

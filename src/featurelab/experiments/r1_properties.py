@@ -122,6 +122,8 @@ PRESETS = {
         "checkpoint_every": 5000,
     },
 }
+# paper-cpu: "paper" with seeds 0, 1 (paper 0-3)
+PRESETS["paper-cpu"] = {**PRESETS["paper"], "seeds": [0, 1]}
 
 
 def make_data(cfg: Config, task: str):
@@ -545,7 +547,12 @@ def _figure(cfg: Config, rows: pd.DataFrame, fits: dict):
 
 
 CATALOG = (
-    Entry("r1-properties", ("quick", "tiny", "paper"), "Jacot 2023 Theorem 3, Prop. 5: R(1) of trained nets", 22),
+    Entry(
+        "r1-properties",
+        ("quick", "tiny", "paper", "paper-cpu"),
+        "Jacot 2023 Theorem 3, Prop. 5: R(1) of trained nets",
+        22,
+    ),
 )
 
 EXPERIMENT = Experiment(

@@ -126,6 +126,8 @@ PRESETS = {
         "teacher_n_train": 1000,
     },
 }
+# paper-cpu: "paper"'s teacher panel only (the MNIST panel, 45 full-batch nets on 60k images, is days on 2 CPU cores)
+PRESETS["paper-cpu"] = {**PRESETS["paper"], "datasets": ["teacher"]}
 OBJECTIVE: dict[str, Literal["mse", "cross_entropy"]] = {
     "digits": "cross_entropy",
     "mnist": "cross_entropy",
@@ -460,7 +462,12 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
 
 
 CATALOG = (
-    Entry("width-plateau", ("quick", "tiny", "paper"), "Jacot et al. 2022 Fig. 2: the loss plateaus in the width", 32),
+    Entry(
+        "width-plateau",
+        ("quick", "tiny", "paper", "paper-cpu"),
+        "Jacot et al. 2022 Fig. 2: the loss plateaus in the width",
+        32,
+    ),
 )
 
 EXPERIMENT = Experiment(
