@@ -10,7 +10,7 @@ import pytest
 
 from featurelab.claims import Check, claim, claim_from_check, digits, threshold_claim
 from featurelab.figures import legends_outside, plt, save_figure
-from featurelab.runs.report import render_report
+from featurelab.runs.report import flat_summary, render_report
 
 SQRT2_M1 = math.sqrt(2) - 1  # 0.41421356...
 
@@ -89,6 +89,15 @@ def test_summary_is_a_table_and_every_table_scrolls_in_its_box(tmp_path):
     for key, value in (("best_speed", "0.414206"), ("success_fraction.8", "0.25"), ("widths", "[2, 8]")):
         assert f"<th>{key}</th><td>{value}</td>" in section
     assert page.count("<table") == page.count("overflow-x:auto;max-width:100%'><table") > 2
+
+
+def test_a_summary_of_records_is_a_table_too():
+    """An experiment may summarise with a list of records (``table.to_dict("records")``): one row per field."""
+    summary = [{"curve": "a", "rank": 2}, {"curve": "b", "rank": 3.14159265}]
+    assert flat_summary(summary) == {"0.curve": "a", "0.rank": "2", "1.curve": "b", "1.rank": "3.14159"}
+    nested = {"fits": summary[:1], "widths": [2, 8]}
+    assert flat_summary(nested) == {"fits.0.curve": "a", "fits.0.rank": "2", "widths": "[2, 8]"}
+    assert flat_summary(7.0) == {"summary": "7"}
 
 
 def _covered(ax, box) -> bool:

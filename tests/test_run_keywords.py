@@ -156,9 +156,22 @@ def test_progress_shows_unit_and_step_bars_with_the_time_left(tmp_path, capsys):
     run_experiment(KEYWORDS.name, out=tmp_path / "run", workers=1, progress=True, batch=False)
     err = capsys.readouterr().err
     assert re.search(r"test-run-keywords: .*\d+/2 \[\d\d:\d\d<\d\d:\d\d", err)  # the units
-    assert re.search(r"MLP: .*\d+/20 \[\d\d:\d\d<\d\d:\d\d", err)  # each unit's steps, with the time left
+    assert re.search(r"MLP: .*\d+/20 \[\d\d:\d\d<(\d\d:\d\d|\?), ", err)  # each unit's steps, time left ("?" at 0)
     run_experiment(KEYWORDS.name, out=tmp_path / "quiet", workers=1, progress=False, batch=False)
     assert capsys.readouterr().err == ""
+
+
+def test_in_a_notebook_without_widgets_the_text_bars_share_one_line(tmp_path, capsys, monkeypatch):
+    """A notebook's output cannot move the cursor up: the units' bar and each unit's step bar are drawn on one
+    line (no newline, no cursor-up escape), where a terminal would stack them."""
+    import featurelab.progress as progress
+
+    monkeypatch.setattr(progress, "in_kernel", lambda: True)
+    monkeypatch.setattr(progress, "_widget_bar", lambda: None)
+    run_experiment(KEYWORDS.name, out=tmp_path / "run", workers=1, batch=False)  # progress=None: on in a kernel
+    err = capsys.readouterr().err
+    assert "test-run-keywords: " in err and "MLP: " in err
+    assert "\x1b[A" not in err and "\n" not in err
 
 
 def test_bars_are_on_by_default_in_a_notebook_kernel_only(monkeypatch):

@@ -48,6 +48,12 @@ def _widget_bar():
 
 def progress_bar(iterable=None, *, show: bool, **kwargs):
     """A tqdm bar over `iterable` (or with ``total=``), disabled unless `show`; the widget in a notebook's kernel
-    with ipywidgets, else the text bar. `kwargs` are tqdm's (``desc``, ``total``, ``unit``, ``leave``, ...)."""
-    cls = (_widget_bar() if show and in_kernel() else None) or text_bar
+    with ipywidgets, else the text bar. `kwargs` are tqdm's (``desc``, ``total``, ``unit``, ``leave``, ...).
+
+    A notebook's output moves no cursor up, so there text bars all take the one line (position 0): a unit's
+    step bar covers the bar over the units while it runs, instead of piling up one line per refresh."""
+    kernel = show and in_kernel()
+    cls = (_widget_bar() if kernel else None) or text_bar
+    if kernel and cls is text_bar:
+        kwargs["position"] = 0
     return cls(iterable, disable=not show, **kwargs)

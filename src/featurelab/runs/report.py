@@ -140,12 +140,17 @@ def mapping_table(mapping: dict) -> str:
     return scroll(f"<table>{rows}</table>")
 
 
-def flat_summary(summary: dict, prefix: str = "") -> dict[str, str]:
-    """A run's summary (nested dicts of numbers and lists) as a flat mapping for `mapping_table`: nested keys
-    joined by dots (``success_fraction.8``), numbers with 6 significant digits."""
+def flat_summary(summary, prefix: str = "") -> dict[str, str]:
+    """A run's summary (nested dicts and lists of numbers, or of records) as a flat mapping for `mapping_table`:
+    nested keys joined by dots (``success_fraction.8``, ``0.rank`` for the first record of a list), numbers
+    with 6 significant digits; a list of plain values stays one entry."""
+    if isinstance(summary, (list, tuple)) and any(isinstance(v, dict) for v in summary):
+        summary = dict(enumerate(summary))
+    if not isinstance(summary, dict):
+        return {prefix.rstrip(".") or "summary": fmt(summary, 6)}
     out = {}
     for k, v in summary.items():
-        if isinstance(v, dict) and v:
+        if (isinstance(v, dict) and v) or (isinstance(v, (list, tuple)) and any(isinstance(x, dict) for x in v)):
             out |= flat_summary(v, f"{prefix}{k}.")
         else:
             out[f"{prefix}{k}"] = fmt(v, 6)
