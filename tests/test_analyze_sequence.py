@@ -344,6 +344,44 @@ def test_hf_encoder_separate_projections_grouped_heads():
     assert reps.loc["output", "rows"] == 30 and reps.loc["layer.1", "rows"] == 150
 
 
+class BertSelfAttention(nn.Module):
+    def __init__(self, E, H):
+        super().__init__()
+        self.num_attention_heads = H
+        self.query, self.key, self.value = nn.Linear(E, E), nn.Linear(E, E), nn.Linear(E, E)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, E):
+        super().__init__()
+        self.dense, self.LayerNorm = nn.Linear(E, E), nn.LayerNorm(E)
+
+
+class BertAttention(nn.Module):
+    """BERT's layout: query/key/value in `self`, the output projection in the sibling `output.dense`."""
+
+    def __init__(self, E=12, H=3):
+        super().__init__()
+        self.self = BertSelfAttention(E, H)  # BERT's attribute name
+        self.output = BertSelfOutput(E)
+
+
+def test_bert_layout_output_dense_in_a_sibling():
+    torch.manual_seed(5)
+    model = nn.Sequential(BertAttention(), BertAttention())  # weights only: no forward is needed
+    res = fl.analyze(model)
+    layers = res.layers.set_index("name")
+    assert list(res.layers["name"]).count("1.output.dense") == 1
+    assert (
+        layers.loc["1.output.dense", "kind"] == "attention out" and layers.loc["1.self.value", "kind"] == "attention v"
+    )
+    heads = res.attention[res.attention["name"] == "1.self"].set_index("head")
+    att = cast(BertAttention, model[1])
+    Wv, Wo = np64(att.self.value.weight), np64(att.output.dense.weight)
+    ov = np.linalg.svd(Wv[8:12].T @ Wo[:, 8:12].T, compute_uv=False)  # head 2 of d = 4
+    assert list(heads.index) == [0, 1, 2] and heads.loc[2, "ov_sv1"] == pytest.approx(ov[0], rel=1e-10)
+
+
 def test_odd_head_count_is_noted_then_split_by_heads():
     ids = torch.randint(0, 9, (20, 5), generator=torch.Generator().manual_seed(3))
     res = fl.analyze(OddModel(), ids)

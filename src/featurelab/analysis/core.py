@@ -3,7 +3,9 @@
 The model is analysed on a float64 CPU copy in eval mode; the model itself is never modified. Its layer
 model (`layers.layer_model`: weight layers in forward order, BatchNorm folded, attention split, pairs) gives
 one row per weight layer; with data, forward hooks give one row per chosen representation
-(`representations.select`).
+(`representations.select`). Integer inputs (token ids) stay integers; when the blocks act on (batch, tokens,
+width) each 3-D representation is read per token (N·T rows), and integer inputs give the stream entering the
+first block as the input row ("embedded").
 
 Formulas (s_1 >= s_2 >= ... the singular values; docs/analyze.md states each with its source):
 - stable rank ‖M‖²_F/‖M‖²_op, nuclear rank ‖M‖²_*/‖M‖²_F (Jacot & Kaiser, arXiv 2405.17573, Prop. 1),

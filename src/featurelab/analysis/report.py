@@ -31,8 +31,8 @@ class ModelAnalysis:
         operator_sv1..svK, operator_stable_rank (with data; `conv_operator`), and WeightWatcher's columns ww_*
         (`weightwatcher.columns`; docs/analyze.md maps them).
     representations: one row per hooked representation (input, each activation or block call, output):
-        name, type, shape (per sample), units, sv1..svK (of the centred A/√N), the five ranks, coi_gamma,
-        dead_share.
+        name, type, shape (per sample), rows (N, or N·T read per token), units, sv1..svK (of the centred A/√N),
+        the five ranks, coi_gamma, dead_share.
     norms: one row per normalisation module: name, type, status (folded into which layer, or why no pair
         crosses it). attention: one row per attention head (`attention.head_rows`).
     summary: scalars: bottleneck estimate, representation bottleneck, fit, Jacobian/NTK, seconds, notes.

@@ -1,15 +1,21 @@
 """Representations: which module outputs `analyze` reads, how it captures them, and their rows.
 
 Selection (``representations=``): module names, glob patterns on the dotted names (``"blocks.*"``,
-``"*.mlp.act"``) or ``nn.Module`` types. Default: the outputs of the repeated blocks when the model has
-them (children of one container sharing one class that is not a torch.nn leaf: a ViT's ``blocks.0..11``,
-a ResNet's ``layerK.j``, an ``nn.TransformerEncoder``'s layers): the residual stream; otherwise every
-activation module (torch.nn activations, not attention) and every other non-container module that is not
-a torch.nn module (a "block"). Input and output rows are always there.
+``"*.mlp.act"``, also matching functional activations) or ``nn.Module`` types. Default: the outputs of the
+repeated blocks when the model has them (children of one container sharing one class that is not a torch.nn
+leaf: a ViT's ``blocks.0..11``, a ResNet's ``layerK.j``, an ``nn.TransformerEncoder``'s layers): the
+residual stream; otherwise every activation module (torch.nn activations, not attention), every functional
+activation and every other non-container module that is not a torch.nn module (a "block"). Input and
+output rows are always there.
 
-Each row is the spectrum of the centred ``(A − mean)/√N``, A flattened per sample to ``N x units``
-(`spectra.singular_values`, the Gram route for wide or tall ones), and COI_γ of the activation's input
-(activation rows) or of the representation itself.
+Functional activations (``F.relu``, ``torch.tanh``, ``x.relu()`` inside a forward) are the activation nodes
+of the ``torch.fx`` graph of their module's own forward (`layers.shallow_trace`); they are read by running
+that forward as the graph with a tap after each chosen activation (its module's hooks still fire).
+
+Each row is the spectrum of the centred ``(A − mean)/√N``, A flattened per sample to ``N x units``, or,
+per token, a 3-D ``N x T x E`` as ``N·T x E`` (when the blocks act on (batch, tokens, width),
+`acts_on_tokens`) (`spectra.singular_values`, the Gram route for wide or tall ones), and COI_γ of the
+activation's input (activation rows) or of the representation itself.
 """
 
 from __future__ import annotations
