@@ -61,6 +61,24 @@ def test_kinked_minimiser_in_closed_form():
     assert c.loss_after == pytest.approx(0.5 * (t * t - 1) ** 2 + 2 * lam * t * t, abs=1e-14)
 
 
+def test_a_rank_deficient_kink_set_is_certified_by_its_min_norm_multipliers():
+    """`kinked_data` with a third sample x₃ = (0, 2) → 0: its pre-activation 2w₂ sits at the kink with x₂'s, so J_0's
+    two rows are parallel (rank 1 < K = 2: the multipliers are not unique, as at a dead unit's N kinks). The
+    minimiser is v = w₁ = √(1 − 3λ), w₂ = 0 (minimise (1/3)(t² − 1)² + 2λt²): certified, its kind left undecided."""
+    lam = 0.05
+    X = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 2.0]])
+    Y = torch.tensor([[1.0], [0.0], [0.0]])
+    net = MLP(2, 1, 1, 2, seed=3)
+    with torch.no_grad():
+        net.weights[0].copy_(torch.tensor([[0.8, 0.1]], dtype=F64))
+        net.weights[1].copy_(torch.tensor([[0.8]], dtype=F64))
+    c = certify(net, Dataset(X, Y, X[:0], Y[:0]), "mse", lam).certificate
+    t = math.sqrt(1 - 3 * lam)
+    w = net.weights[0].detach()
+    assert c.certified and c.kinks == 2 and c.jacobian_rank == 1 and c.clarke <= 1e-12 and c.kind == "undecided", c
+    assert abs(float(w[0, 1])) <= 1e-14 and abs(float(w[0, 0]) - t) <= 1e-12
+
+
 def kinked_problem(w2: float, lam: float = 0.05):
     """The closed-form net of `kinked_data` at v = w₁ = √(1 − 2λ), w₂ given: one entry off the kink by w₂."""
     t = math.sqrt(1 - 2 * lam)
@@ -143,12 +161,27 @@ def test_the_release_rule_frees_the_kinks_whose_multipliers_need_a_slope_outside
 
 
 def test_a_kink_set_too_large_for_the_dense_solve_is_refused(monkeypatch):
+    """192 activation inputs x 48 parameters: 1152 bytes for 1/64 of them at kinks (tried), 9 kinks x 48 x 8 = 3456
+    bytes for the kink set found (refused at the end)."""
     import featurelab.training.certify as method
 
-    monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 100)  # 9 kinks x 48 parameters x 8 bytes exceed it
+    monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 2000)
     net, data = small_mlp()
     c = certify(net, data, "mse", 0.02).certificate
     assert not c.certified and "too large for the dense KKT solve" in c.rule
+
+
+def test_a_net_too_large_to_try_is_refused_before_anything_moves(monkeypatch):
+    import featurelab.training.certify as method
+
+    monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 1000)  # under the 1152 bytes of 1/64 of the inputs at kinks
+    net, data = small_mlp()
+    before = [p.detach().clone() for p in net.parameters()]
+    found = certify(net, data, "mse", 0.02)
+    c = found.certificate
+    assert not c.certified and c.rule.startswith("too large to certify: 192 activation inputs x 48 parameters")
+    assert c.iterations == 0 and c.loss_before == c.loss_after
+    assert all(torch.equal(p.detach(), b.to(p.dtype)) for p, b in zip(net.parameters(), before))
 
 
 def test_clarke_residual_against_bounded_least_squares():

@@ -10,11 +10,11 @@ each kink k ∈ K (a = the leak; 0 for ReLU). Writing ``ν_k`` for the cotangent
 
 where ``g_0`` and ``J_0 = ∂a_K/∂θ`` (K x P) are taken with slope 0 at every kink and ``c_k(s)`` is the cotangent
 of the activation's output at k, which depends only on the slopes of kinks downstream of k. So
-``δ_LS = min_ν ‖g_0 + J_0ᵀν‖/‖∇R‖`` (one QR factorisation of J_0ᵀ) is a lower bound of the Clarke residual
-``δ = min_{s∈[a,1]^K} ‖∇𝓛_s‖/‖∇R‖``, and it is δ exactly when the slopes ``s_k = ν_k/c_k(s)`` (solved from the last
-layer backwards: the system is triangular) lie in [a, 1]. On ``M = {a_K = 0}`` every ``𝓛_s`` equals 𝓛, so a
-critical point is a KKT point of 𝓛 on M, and on the tangent space ``null(J_0)`` the Hessian of its Lagrangian is
-``∇²𝓛_{s*}``.
+``δ_LS = min_ν ‖g_0 + J_0ᵀν‖/‖∇R‖`` (one SVD of J_0ᵀ, truncated at its numerical rank) is a lower bound of the
+Clarke residual ``δ = min_{s∈[a,1]^K} ‖∇𝓛_s‖/‖∇R‖``, and it is δ exactly when the slopes ``s_k = ν_k/c_k(s)``
+(solved from the last layer backwards: the system is triangular) lie in [a, 1]. On ``M = {a_K = 0}`` every
+``𝓛_s`` equals 𝓛, so a critical point is a KKT point of 𝓛 on M, and on the tangent space ``null(J_0)`` the Hessian
+of its Lagrangian is ``∇²𝓛_{s*}``.
 
 `certify` reaches such a point in float64: a continuation on smoothed activations (softplus_β, β = 10 … 1e7, each
 stage minimised by `critical.minimise`), the kink set read off the last stage (``|a_k| <= 30/β``), then a
@@ -55,6 +55,8 @@ SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β 
 SNAP_GAP = 1e2  # where the kink set stands out by this gap (and after the last stage in any case)
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
 MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely: at most 1 GiB
+KINK_SHARE = 1 / 64  # a net is refused before the continuation when this share of its activation inputs as kinks
+# would already exceed MAX_JACOBIAN_BYTES (2.8 % of them sit at kinks at the small Leaky ResNets' minima)
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
 METHOD = "softplus continuation + active-set Newton snap, float64"
 
@@ -169,11 +171,13 @@ def identify(inputs: list[torch.Tensor], width: float) -> tuple[list[torch.Tenso
 
 @dataclass
 class _Multipliers:
-    """The KKT solve at θ for kink masks: J_0ᵀ = QR, ν, the projected gradient r = g_0 + J_0ᵀν, the slopes s,
-    δ_LS, the penalty gradient's norm, a_K, J_0's rank and whether the slopes lie in their box."""
+    """The KKT solve at θ for kink masks: J_0ᵀ = U S Vᵀ truncated to J_0's numerical rank (U: P x rank, an orthonormal
+    basis of range(J_0ᵀ)), the min-norm ν, the projected gradient r = g_0 + J_0ᵀν, the slopes s, δ_LS, the penalty
+    gradient's norm, a_K, the rank, whether the slopes lie in their box, and the box's lower bounds."""
 
-    Q: torch.Tensor
-    R: torch.Tensor
+    U: torch.Tensor
+    S: torch.Tensor
+    Vh: torch.Tensor
     slopes: torch.Tensor
     r: torch.Tensor
     delta: float
@@ -206,8 +210,10 @@ def _cut_gradient(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tens
     a_K = torch.cat([z[m] for z, m in zip(mode.inputs, masks)]) if K else theta.new_zeros(0)
     J = theta.new_zeros(K, theta.numel())
     for start in range(0, K, 256):
-        rows = torch.eye(K, dtype=theta.dtype)[start : start + 256]
-        J[start : start + len(rows)] = torch.autograd.grad(a_K, t, rows, retain_graph=True, is_grads_batched=True)[0]
+        n = min(256, K - start)
+        rows = theta.new_zeros(n, K)
+        rows[torch.arange(n), torch.arange(start, start + n)] = 1.0  # one-hot cotangents of a_K
+        J[start : start + n] = torch.autograd.grad(a_K, t, rows, retain_graph=True, is_grads_batched=True)[0]
     return g0, gr, a_K.detach(), J
 
 
@@ -225,28 +231,29 @@ def _output_cotangents(problem, theta, masks, slopes) -> torch.Tensor:
 
 
 def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor], leaks: list[float]):
-    """The KKT multipliers ν = argmin ‖g_0 + J_0ᵀν‖ and the slopes that realise them (module docstring)."""
+    """The KKT multipliers ν = argmin ‖g_0 + J_0ᵀν‖ (the min-norm one: a rank-deficient J_0, as the N kinks of a
+    dead unit give, leaves ν free in null(J_0ᵀ)) and the slopes that realise them (module docstring); a kink whose
+    output cotangent c_k vanishes (a dead unit's: its outgoing weights are 0) keeps slope 1/2, any slope does."""
     K = sum(int(m.sum()) for m in masks)
     g0, gr, a_K, J = _cut_gradient(problem, theta, masks, K)
     bounds = [torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)]
     low = torch.cat([torch.zeros(0, dtype=torch.float64), *bounds])
-    Q, R = torch.linalg.qr(J.T)  # P x K, K x K
-    sv = torch.linalg.svdvals(R) if K else R.new_zeros(0)
-    rank = int((sv > RANK_RTOL * float(sv.max())).sum()) if K else 0
-    Qg = Q.T @ g0
-    r = g0 - Q @ Qg
+    U, S, Vh = torch.linalg.svd(J.T, full_matrices=False)  # P x k, k, k x K (k = min(P, K))
+    rank = int((S > RANK_RTOL * float(S[0])).sum()) if K else 0
+    U, S, Vh = U[:, :rank], S[:rank], Vh[:rank]
+    Ug = U.T @ g0
+    r = g0 - U @ Ug
+    nu = -(Vh.T @ (Ug / S))  # the min-norm ν: J_0ᵀν = −U Uᵀg_0
     slopes = torch.full((K,), 0.5, dtype=torch.float64)
-    if K and rank == K:
-        nu = -torch.linalg.solve_triangular(R, Qg[:, None], upper=True)[:, 0]
-        for _ in range(len(masks) + 1):  # triangular: exact after as many sweeps as there are kinked calls
-            c = _output_cotangents(problem, theta, masks, slopes)
-            new = torch.where(c.abs() > 0, nu / torch.where(c == 0, 1.0, c), slopes)
-            if torch.equal(new, slopes):
-                break
-            slopes = new
+    for _ in range(len(masks) + 1 if K else 0):  # triangular: exact after as many sweeps as there are kinked calls
+        c = _output_cotangents(problem, theta, masks, slopes)
+        new = torch.where(c.abs() > 0, nu / torch.where(c == 0, 1.0, c), slopes)
+        if torch.equal(new, slopes):
+            break
+        slopes = new
     norm = _denominator(gr, theta, problem.cost, problem.lam)
-    feasible = rank == K and bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
-    return _Multipliers(Q, R, slopes, r, _over(float(r.norm()), norm), norm, a_K, rank, feasible, low)
+    feasible = bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
+    return _Multipliers(U, S, Vh, slopes, r, _over(float(r.norm()), norm), norm, a_K, rank, feasible, low)
 
 
 def _over(x: float, norm: float) -> float:
@@ -316,13 +323,13 @@ def _projected_cg(hess, Q, rhs: torch.Tensor, max_steps: int) -> tuple[torch.Ten
 
 
 def snap_step(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[torch.Tensor, bool]:
-    """One Newton step of the KKT system on M: restoration ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` (J_0ᵀ = QR, so
-    ``−Q R⁻ᵀ a_K``) plus the tangent step v ∈ null(J_0) solving ``P∇²𝓛_{s*}P v = −P(r + ∇²𝓛_{s*} d_r)``."""
-    d_r = -m.Q @ torch.linalg.solve_triangular(m.R.T, m.a_K[:, None], upper=False)[:, 0]
+    """One Newton step of the KKT system on M: restoration ``−J_0⁺a_K`` (= ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` at full rank;
+    ``−U S⁻¹Vᵀa_K``) plus the tangent step v ∈ null(J_0) solving ``P∇²𝓛_{s*}P v = −P(r + ∇²𝓛_{s*} d_r)``."""
+    d_r = -m.U @ ((m.Vh @ m.a_K) / m.S)  # −J_0⁺a_K
     saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
     try:
         hess = problem.hessian_at(theta)
-        v, negative = _projected_cg(hess, m.Q, -(m.r + hess(d_r)), min(theta.numel(), 1000))
+        v, negative = _projected_cg(hess, m.U, -(m.r + hess(d_r)), min(theta.numel(), 1000))
     finally:
         problem.mode = saved
     return theta + d_r + v, negative
@@ -331,16 +338,16 @@ def snap_step(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[torch.T
 def reduced_eigenvalues(problem, theta, masks, m: _Multipliers, steps: int = 60) -> tuple[float, float]:
     """Lanczos (full reorthogonalisation, seeded start) on ``P∇²𝓛_{s*}P`` restricted to null(J_0): the
     smallest and largest Ritz values (the extreme eigenvalues converge first)."""
-    n = theta.numel() - m.Q.shape[1]
+    n = theta.numel() - m.U.shape[1]
     k = max(1, min(steps, n))
     saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
     try:
         hess = problem.hessian_at(theta)
         gen = torch.Generator().manual_seed(0)
-        q = _project(m.Q, torch.randn(theta.numel(), generator=gen, dtype=torch.float64))
+        q = _project(m.U, torch.randn(theta.numel(), generator=gen, dtype=torch.float64))
         V, alphas, betas = [q / q.norm()], [], []
         for j in range(k):
-            w = _project(m.Q, hess(V[j]))
+            w = _project(m.U, hess(V[j]))
             alphas.append(float(V[j] @ w))
             B = torch.stack(V)
             w = w - B.T @ (B @ w)
@@ -468,7 +475,7 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
         inputs, _ = activation_inputs(problem, theta)
         if beta >= SNAP_FROM and (identify(inputs, KINK_WIDTH / beta)[1] >= SNAP_GAP or beta == BETAS[-1]):
             result = _snap(problem, theta, beta, tolerance)
-            if not result[1].rule and result[1].delta <= tolerance and result[1].m.feasible:
+            if not result[1].rule and result[1].delta <= tolerance:
                 break
     assert result is not None
     return result[0], result[1], steps
@@ -486,23 +493,63 @@ def _too_large(masks: list[torch.Tensor], theta: torch.Tensor) -> str:
     )
 
 
+def _too_large_to_try(problem: _Problem) -> str:
+    """The rule that refuses a net before the continuation: when `KINK_SHARE` of its activation inputs as kinks would
+    already need a dense J_0 over `MAX_JACOBIAN_BYTES` ("" otherwise). A net of that size would spend hours in the
+    continuation only to be refused by `_too_large` at its end."""
+    inputs, _ = activation_inputs(problem, problem.theta)
+    entries = sum(z.numel() for z in inputs)
+    size = 8.0 * KINK_SHARE * entries * problem.theta.numel()
+    if size <= MAX_JACOBIAN_BYTES:
+        return ""
+    return (
+        f"too large to certify: {entries} activation inputs x {problem.theta.numel()} parameters (a dense J_0 for "
+        f"{KINK_SHARE:.3g} of them at kinks: {size:.3g} bytes > {MAX_JACOBIAN_BYTES:.3g})"
+    )
+
+
+def _refused_up_front(problem: _Problem, rule: str, tolerance: float, seconds: float) -> Certified:
+    """The certificate of a net `_too_large_to_try` refuses: its stationarity as it is, nothing moved."""
+    loss, g, gr, cost = problem.evaluate(problem.theta)
+    s = _ratio(g, gr, problem.theta, cost, problem.lam)
+    cert = Certificate(
+        stationarity=s,
+        grad_norm=float(g.norm()),
+        penalty_grad_norm=float(gr.norm()),
+        tolerance=tolerance,
+        certified=False,
+        loss_before=loss,
+        loss_after=loss,
+        iterations=0,
+        hvps=0,
+        seconds=seconds,
+        method=METHOD,
+        condition=None,
+        detail={},
+        clarke=math.nan,
+        rule=rule,
+    )
+    state = {k: v.detach().clone() for k, v in problem.loss.model.state_dict().items()}
+    return Certified(cert, torch.zeros(0, dtype=torch.float64), [], state)
+
+
 def _verdict(snap: _Snap, gap: float, tolerance: float, low: float, high: float) -> tuple[str, str, int]:
-    """``(kind, rule, slopes at a bound)`` of the certificate from the snap's end."""
+    """``(kind, rule, slopes at a bound)`` of the certificate from the snap's end. The Clarke residual is what
+    certifies (evaluated at explicit slopes in [leak, 1]); a rank-deficient J_0 (dead units) is reported, not
+    refused, and leaves the kind "undecided" unless the reduced Hessian has a negative eigenvalue: its
+    multipliers are not unique, so a positive reduced Hessian proves nothing there."""
     s, box_low = snap.slopes, snap.m.low
     at_bounds = int(((s - box_low).abs() <= SLOPE_SLACK).sum() + ((1 - s).abs() <= SLOPE_SLACK).sum())
+    K = s.numel()
     kind = "undecided"
     if low < -1e-8 * abs(high):
         kind = "saddle"
-    elif low > 1e-10 * abs(high) and at_bounds == 0:
+    elif low > 1e-10 * abs(high) and at_bounds == 0 and snap.m.rank == K:
         kind = "minimum"
-    K = s.numel()
     rule = snap.rule
-    if not rule and not snap.m.feasible:
-        rule = (
-            "the kink set's multipliers need slopes outside [leak, 1]" if snap.m.rank == K else "J_0 is rank-deficient"
-        )
     if not rule and snap.delta > tolerance:
-        rule = f"Clarke residual {snap.delta:.2g} > {tolerance:.2g}"
+        box = "" if snap.m.feasible else " (its least-squares multipliers need slopes outside [leak, 1])"
+        rule = f"Clarke residual {snap.delta:.2g} > {tolerance:.2g}{box}"
     if not rule and K and gap < MIN_GAP:
         rule = f"identification gap {gap:.2g} < {MIN_GAP:.0e}"
     if not rule and kind == "saddle":
@@ -573,11 +620,15 @@ def certify(
     """Move `model` (converted to float64 on the CPU) to an exact critical point of ``C + model.penalty(lam)`` on
     ``data``'s training set (``N x d_in`` rows) and certify it (module docstring): the continuation, the kink set,
     the snap, then the certificate. `model` is left at the snap's end; ``certificate.certified`` is True when the
-    Clarke residual δ <= `tolerance`, the slopes realising it lie in [leak, 1], J_0 has full rank, the kink set's
-    identification gap is >= 1e6 (or there are no kinks) and the point is no saddle."""
+    Clarke residual δ <= `tolerance` (evaluated at slopes in [leak, 1]), the kink set's identification gap is >= 1e6
+    (or there are no kinks) and the point is no saddle. A net too large for the dense KKT solve (`_too_large_to_try`)
+    is refused before anything moves."""
     positive("tolerance", tolerance)
     t0 = time.perf_counter()
     problem = _Problem(model, data, objective, lam)
+    refused = _too_large_to_try(problem)
+    if refused:
+        return _refused_up_front(problem, refused, tolerance, time.perf_counter() - t0)
     loss_before = problem.evaluate(problem.theta)[0]
     start, end, steps = _continue_and_snap(problem, tolerance, max_seconds)
     cert = _examine(problem, end, tolerance, loss_before, steps + end.iterations)
