@@ -316,6 +316,27 @@ def test_gpt_functional_gelu_and_flat_reading(tokens):
         fl.analyze(model, tokens, jacobian=2)
 
 
+class AssertingGPT(GPT):
+    def forward(self, idx):
+        assert idx.shape[1] <= GPT_CONFIG.block_size  # control flow on a traced value: the model does not trace
+        return super().forward(idx)
+
+
+def test_untraceable_model_keeps_the_pairs_of_its_traced_blocks():
+    torch.manual_seed(0)
+    model = AssertingGPT(GPT_CONFIG)
+    res = fl.analyze(model)
+    assert res.summary["layer_order"] == "registration"
+    assert any("cannot trace AssertingGPT" in n for n in res.summary["notes"])
+    row = res.layers.set_index("name").loc["transformer.h.1.mlp.c_fc"]
+    assert row["next"] == "transformer.h.1.mlp.c_proj" and row["via"] == "gelu"
+    mlp = cast(GPTBlock, model.transformer.h[1]).mlp
+    W1, W2 = np64(mlp.c_fc.weight), np64(mlp.c_proj.weight)
+    u1, v1 = np.linalg.svd(W1)[0][:, 0], np.linalg.svd(W2)[2][0]
+    assert row["alignment"] == pytest.approx(abs(u1 @ v1), abs=1e-10)
+    assert res.layers.set_index("name").loc["transformer.h.0.mlp.c_proj", "next"] == ""  # into the residual sum
+
+
 def test_hf_encoder_separate_projections_grouped_heads():
     torch.manual_seed(1)
     model = HFEncoder(HF_CONFIG)

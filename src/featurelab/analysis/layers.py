@@ -2,9 +2,10 @@
 
 Order and data flow come from a ``torch.fx`` trace of the model. Modules whose own forward cannot be traced
 symbolically (data-dependent control flow, ``B, N, C = x.shape``) are kept whole as leaves, so a model
-traces as long as its top-level forward does (inside a module kept whole, pairs are read within its
-``nn.Sequential`` children). When even the top level fails, the order is the forward call order seen by
-hooks (with data) or the registration order, and pairs are read inside ``nn.Sequential`` only.
+traces as long as its top-level forward does (inside a module kept whole, pairs are read within the
+submodules that trace and its ``nn.Sequential`` children). When even the top level fails, the order is the
+forward call order seen by hooks (with data) or the registration order, and pairs are read inside the
+submodules that trace and ``nn.Sequential``.
 
 Weight layers (rows, with a `kind`): ``nn.Linear`` ("linear"); ``nn.Conv1d``/``nn.Conv2d`` as the
 ``out x (in·k...)`` unfolding of the kernel ("conv"); a grouped conv (groups G > 1, depthwise when
@@ -168,25 +169,22 @@ def _tracer(leaves: set[nn.Module]) -> fx.Tracer:
     return Tracer()
 
 
-def trace(net: nn.Module) -> tuple[fx.Graph | None, str]:
-    """The fx graph of `net`, with every submodule that cannot be traced kept as a leaf; (None, reason) when the
-    top-level forward itself cannot be traced."""
+def trace(net: nn.Module) -> tuple[dict[str, fx.Graph], str]:
+    """The fx graph of every module with submodules that traces symbolically, by name ("" for `net`), each with
+    the submodules that cannot be traced kept as leaves; and, when `net` itself does not trace, why."""
     leaves: set[nn.Module] = set()
-    reason = ""
-    for _, m in reversed(list(net.named_modules())):  # children before their parents
+    graphs, reason = {}, ""
+    for name, m in reversed(list(net.named_modules())):  # children before their parents
         if not list(m.children()) or looks_like_attention(m) or isinstance(m, NORMS):
             continue
         try:
-            graph = _tracer(leaves).trace(m)
+            graphs[name] = _tracer(leaves).trace(m)
         except Exception as exc:  # any failure of symbolic tracing keeps the module whole
             leaves.add(m)
             reason = f"{type(m).__name__}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        else:
-            if m is net:
-                return graph, ""
-    if net in leaves or not list(net.children()):
-        return None, reason or "the model has no submodules"
-    return None, reason
+    if "" in graphs:
+        return graphs, ""
+    return graphs, reason or ("" if list(net.children()) else "the model has no submodules")
 
 
 def shallow_trace(m: nn.Module) -> fx.GraphModule | None:
@@ -260,21 +258,39 @@ def _walk(start, users, classify) -> tuple[str | None, str | None, bool, list[st
         cur, first = nxt, False
 
 
-def _fx_links(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[str, tuple[str | None, str | None, bool, str]]:
+def _fx_links(
+    graph: fx.Graph, modules: dict[str, nn.Module], prefix: str = ""
+) -> dict[str, tuple[str | None, str | None, bool, str]]:
+    """(folded BN, paired layer, homogeneous, maps between) of each weight layer `graph` calls; `modules`: the
+    traced module's own submodules by name, `prefix`: its name (dotted names come out in full)."""
+
     def users(node):
         us = list(node.users)
         return us[0] if len(us) == 1 else None
 
     def classify(node, prev):
         kind = _step(node, modules, prev)
-        label = str(node.target) if node.op == "call_module" else getattr(node.target, "__name__", str(node.target))
-        return kind, label
+        if node.op == "call_module":
+            return kind, f"{prefix}{node.target}"
+        return kind, getattr(node.target, "__name__", str(node.target))
 
     out = {}
     for node in graph.nodes:
         if node.op == "call_module" and isinstance(modules[str(node.target)], WEIGHTED):
             bn, b, h, through = _walk(node, users, classify)
-            out[str(node.target)] = (bn, b, h, ", ".join(through))
+            out[f"{prefix}{node.target}"] = (bn, b, h, ", ".join(through))
+    return out
+
+
+def _traced_links(graphs: dict[str, fx.Graph], net: nn.Module) -> dict[str, tuple[str | None, str | None, bool, str]]:
+    """`_fx_links` of every traced forward (`trace`), with full dotted names; an enclosing module's graph first,
+    as it follows a layer's output past the end of the submodule that computes it."""
+    out = {}
+    modules = dict(net.named_modules())
+    for name in sorted(graphs, key=lambda n: n.count(".") + bool(n)):
+        own = dict(modules[name].named_modules())
+        for a, link in _fx_links(graphs[name], own, f"{name}." if name else "").items():
+            out.setdefault(a, link)
     return out
 
 
@@ -409,23 +425,23 @@ def layer_model(net: nn.Module, calls: list[str] | None = None, heads: dict[str,
     `calls`: module names in forward call order (from hooks), used when fx cannot trace the model. `heads`: head
     counts by module name or glob, for attention modules that keep theirs under another name (`attention`)."""
     modules = dict(net.named_modules())
-    graph, reason = trace(net)
-    notes = []
+    graphs, reason = trace(net)
+    graph, notes = graphs.get(""), []
+    # inside a module kept whole, its submodules' traces and nn.Sequential still fix the data flow
+    links = _traced_links(graphs, net)
+    links |= {a: v for a, v in _sequential_links(net).items() if a not in links}
     if graph is not None:
-        links, order = _fx_links(graph, modules), "torch.fx"
-        # inside a module kept whole, nn.Sequential still fixes the data flow between its children
-        links |= {a: v for a, v in _sequential_links(net).items() if a not in links}
+        order = "torch.fx"
         position: dict[str, int] = {}
         for i, node in enumerate(graph.nodes):
             if node.op in ("call_module", "get_attr"):
                 position.setdefault(str(node.target), i)
     else:
-        links = _sequential_links(net)
         order = "forward calls" if calls else "registration"
         position = {n: i for i, n in reversed(list(enumerate(calls or [])))}
         notes.append(
             f"torch.fx cannot trace {type(net).__name__} ({reason}); layer order from {order}, pairs only inside "
-            "nn.Sequential"
+            "the submodules it traces and nn.Sequential"
         )
     folded_by = {bn: a for a, (bn, *_rest) in links.items() if bn is not None}
 
