@@ -210,7 +210,7 @@ class FunctionalMLP(nn.Module):
         return self.fc3(h.relu())
 
 
-# ---------------------------------------------------------------------------------- helpers
+# ------------------------------------------------------------------------ reference computations
 def np64(t: torch.Tensor) -> np.ndarray:
     return t.detach().double().numpy()
 
