@@ -45,6 +45,7 @@ from ..data import digits, mnist
 from ..data.dataset import Dataset
 from ..data.mnist import require_mnist
 from ..figures import plt
+from ..io import read_csv
 from ..measurements.escape import cross_entropy_gradient, escape_speed, tail_ratio
 from ..models import MLP
 from ..training import Phase, TrainConfig
@@ -532,7 +533,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     )
     tables = {"plateaus": plateau_table(cfg, results, ids), "seed_checks": seed_table}
     hists = {
-        u: pd.read_csv(ctx.dir / "units" / u / "history.csv")
+        u: read_csv(ctx.dir / "units" / u / "history.csv", fix="delete that unit folder and run again with --resume")
         for u in ids
         if (ctx.dir / "units" / u / "history.csv").exists()
     }
