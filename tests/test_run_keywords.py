@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import featurelab as fl
+from featurelab import progress
 from featurelab.claims import threshold_claim
 from featurelab.cli import main
 from featurelab.config import ExperimentConfig
@@ -152,7 +153,12 @@ def test_ctrl_c_in_a_build_is_not_swallowed(tmp_path):
         run(tmp_path / "run", overrides={"broken": "a", "interrupt": True})
 
 
-def test_progress_shows_unit_and_step_bars_with_the_time_left(tmp_path, capsys):
+def test_progress_shows_unit_and_step_bars_with_the_time_left(tmp_path, capsys, monkeypatch):
+    class Eager(progress.text_bar):  # every update is drawn, however fast or slow this machine is
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "mininterval": 0})
+
+    monkeypatch.setattr(progress, "text_bar", Eager)
     run_experiment(KEYWORDS.name, out=tmp_path / "run", workers=1, progress=True, batch=False)
     err = capsys.readouterr().err
     assert re.search(r"test-run-keywords: .*\d+/2 \[\d\d:\d\d<\d\d:\d\d", err)  # the units
