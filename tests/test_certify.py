@@ -161,8 +161,8 @@ def test_the_release_rule_frees_the_kinks_whose_multipliers_need_a_slope_outside
 
 
 def test_a_kink_set_too_large_for_the_dense_solve_is_refused(monkeypatch):
-    """192 activation inputs x 48 parameters: 1152 bytes for 1/64 of them at kinks (tried), 9 kinks x 48 x 8 = 3456
-    bytes for the kink set found (refused at the end)."""
+    """No unit of the trained net is off on every sample (nothing refused up front); the 9 kinks found x 48
+    parameters x 8 bytes = 3456 bytes exceed the cap at the end."""
     import featurelab.training.certify as method
 
     monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 2000)
@@ -171,16 +171,19 @@ def test_a_kink_set_too_large_for_the_dense_solve_is_refused(monkeypatch):
     assert not c.certified and "too large for the dense KKT solve" in c.rule
 
 
-def test_a_net_too_large_to_try_is_refused_before_anything_moves(monkeypatch):
+def test_a_net_whose_dead_units_promise_too_many_kinks_is_refused_before_anything_moves(monkeypatch):
+    """Hidden unit 2's incoming weights zeroed: it is off on all 32 samples, so weight decay will hold its 32 inputs
+    at the kink: 32 x 48 parameters x 8 bytes = 12288 bytes > the cap of 10000, refused up front."""
     import featurelab.training.certify as method
 
-    monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 1000)  # under the 1152 bytes of 1/64 of the inputs at kinks
+    monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 10000)
     net, data = small_mlp()
+    with torch.no_grad():
+        net.weights[0][2].zero_()
     before = [p.detach().clone() for p in net.parameters()]
-    found = certify(net, data, "mse", 0.02)
-    c = found.certificate
-    assert not c.certified and c.rule.startswith("too large to certify: 192 activation inputs x 48 parameters")
-    assert c.iterations == 0 and c.loss_before == c.loss_after
+    c = certify(net, data, "mse", 0.02).certificate
+    assert not c.certified and c.rule.startswith("too large to certify: 1 unit off on every sample"), c.rule
+    assert "promise 32 kinks" in c.rule and c.iterations == 0 and c.loss_before == c.loss_after
     assert all(torch.equal(p.detach(), b.to(p.dtype)) for p, b in zip(net.parameters(), before))
 
 

@@ -55,8 +55,6 @@ SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β 
 SNAP_GAP = 1e2  # where the kink set stands out by this gap (and after the last stage in any case)
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
 MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely: at most 1 GiB
-KINK_SHARE = 1 / 64  # a net is refused before the continuation when this share of its activation inputs as kinks
-# would already exceed MAX_JACOBIAN_BYTES (2.8 % of them sit at kinks at the small Leaky ResNets' minima)
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
 METHOD = "softplus continuation + active-set Newton snap, float64"
 
@@ -428,6 +426,13 @@ def _released(end: _Snap) -> list[torch.Tensor] | None:
     return out
 
 
+def _refused_point(problem: _Problem, theta: torch.Tensor, inputs, leaks, rule: str) -> _Snap:
+    """θ examined as a point without kinks, with the `rule` that refused its kink set."""
+    empty = [torch.zeros(z.shape, dtype=torch.bool) for z in inputs]
+    m = multipliers(problem, theta, empty, leaks)
+    return _Snap(theta, empty, leaks, m, m.delta, m.slopes, rule, 0)
+
+
 def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float) -> tuple[_Snap, _Snap]:
     """Identify K = {|a| <= 30/β} at the continuation's end, then Newton steps on M until δ <= tolerance/100 (or it
     stops falling), with the add rule (entries off K whose sign a step changed join K) and the release rule
@@ -437,10 +442,8 @@ def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float)
     masks, _ = identify(inputs, KINK_WIDTH / beta)
     for revision in range(SNAP_REVISIONS + 1):
         refused = _too_large(masks, theta)
-        if refused:  # examined as a point without kinks, the rule kept
-            empty = [torch.zeros_like(k) for k in masks]
-            m = multipliers(problem, theta, empty, leaks)
-            point = _Snap(theta, empty, leaks, m, m.delta, m.slopes, refused, 0)
+        if refused:
+            point = _refused_point(problem, theta, inputs, leaks, refused)
             return point, point
         start, end, flips = _newton_on(problem, theta, masks, leaks, tolerance)
         last = revision == SNAP_REVISIONS
@@ -460,8 +463,9 @@ def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float)
 def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float | None) -> tuple[_Snap, _Snap, int]:
     """Minimise the softplus_β-smoothed loss for β = `BETAS` in turn, each stage from the last one's point, and
     from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP` (and after the
-    last stage): stop at the first snap that reaches δ <= tolerance with feasible slopes. ``(the snap's start,
-    its end, Newton steps of the continuation)``."""
+    last stage): stop at the first snap that reaches δ <= tolerance with feasible slopes, or at the first stage
+    whose dead units promise a kink set too large for the dense solve (`_too_large_to_try`). ``(the snap's
+    start, its end, Newton steps of the continuation)``."""
     steps, t0, theta = 0, time.perf_counter(), problem.theta
     saved, result = problem.mode, None
     for beta in BETAS:
@@ -472,7 +476,11 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
         finally:
             problem.mode = saved
         steps += taken
-        inputs, _ = activation_inputs(problem, theta)
+        inputs, leaks = activation_inputs(problem, theta)
+        refused = _too_large_to_try(problem, theta)  # units the stage has switched off for good
+        if refused:
+            point = _refused_point(problem, theta, inputs, leaks, refused)
+            return point, point, steps
         if beta >= SNAP_FROM and (identify(inputs, KINK_WIDTH / beta)[1] >= SNAP_GAP or beta == BETAS[-1]):
             result = _snap(problem, theta, beta, tolerance)
             if not result[1].rule and result[1].delta <= tolerance:
@@ -493,18 +501,33 @@ def _too_large(masks: list[torch.Tensor], theta: torch.Tensor) -> str:
     )
 
 
-def _too_large_to_try(problem: _Problem) -> str:
-    """The rule that refuses a net before the continuation: when `KINK_SHARE` of its activation inputs as kinks would
-    already need a dense J_0 over `MAX_JACOBIAN_BYTES` ("" otherwise). A net of that size would spend hours in the
-    continuation only to be refused by `_too_large` at its end."""
-    inputs, _ = activation_inputs(problem, problem.theta)
-    entries = sum(z.numel() for z in inputs)
-    size = 8.0 * KINK_SHARE * entries * problem.theta.numel()
+def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float]) -> tuple[int, int]:
+    """``(dead units, the kinks they and the entries already at 0 promise)``: a ReLU unit (a column of a call's
+    input, samples in rows) that is off on every sample gets no gradient but the penalty's, so weight decay takes
+    its weights to 0 and all N of its inputs to the kink; entries with ``|a| <= 1e-10·max|a|`` are there already."""
+    dead = kinks = 0
+    for z, leak in zip(inputs, leaks):
+        rows = z.reshape(z.shape[0], -1)
+        at_zero = rows.abs() <= 1e-10 * float(rows.abs().max()) if rows.numel() else rows.bool()
+        off = (rows <= 0).all(0) if leak == 0 else torch.zeros(rows.shape[1], dtype=torch.bool)
+        dead += int(off.sum())
+        kinks += int(off.sum()) * rows.shape[0] + int(at_zero[:, ~off].sum())
+    return dead, kinks
+
+
+def _too_large_to_try(problem: _Problem, theta: torch.Tensor) -> str:
+    """The rule that refuses a net before the continuation: when the kinks it already promises (`_kinks_ahead`)
+    would need a dense J_0 over `MAX_JACOBIAN_BYTES` ("" otherwise). Such a net would spend its continuation only
+    to be refused by `_too_large` at its end."""
+    inputs, leaks = activation_inputs(problem, theta)
+    dead, kinks = _kinks_ahead(inputs, leaks)
+    size = 8.0 * kinks * problem.theta.numel()
     if size <= MAX_JACOBIAN_BYTES:
         return ""
     return (
-        f"too large to certify: {entries} activation inputs x {problem.theta.numel()} parameters (a dense J_0 for "
-        f"{KINK_SHARE:.3g} of them at kinks: {size:.3g} bytes > {MAX_JACOBIAN_BYTES:.3g})"
+        f"too large to certify: {dead} unit{'' if dead == 1 else 's'} off on every sample and the entries at 0 promise "
+        f"{kinks} kinks, a dense "
+        f"J_0 of {size:.3g} bytes for {problem.theta.numel()} parameters (> {MAX_JACOBIAN_BYTES:.3g})"
     )
 
 
@@ -626,7 +649,7 @@ def certify(
     positive("tolerance", tolerance)
     t0 = time.perf_counter()
     problem = _Problem(model, data, objective, lam)
-    refused = _too_large_to_try(problem)
+    refused = _too_large_to_try(problem, problem.theta)
     if refused:
         return _refused_up_front(problem, refused, tolerance, time.perf_counter() - t0)
     loss_before = problem.evaluate(problem.theta)[0]
