@@ -15,6 +15,7 @@ from featurelab.data import Dataset, bottleneck_teacher
 from featurelab.models import MLP, LeakyResNet
 from featurelab.training import Phase, TrainConfig, train
 from featurelab.training.certify import (
+    _kinks_ahead,
     _newton_on,
     _released,
     _snap,
@@ -169,6 +170,15 @@ def test_a_kink_set_too_large_for_the_dense_solve_is_refused(monkeypatch):
     net, data = small_mlp()
     c = certify(net, data, "mse", 0.02).certificate
     assert not c.certified and "too large for the dense KKT solve" in c.rule
+
+
+def test_the_kinks_a_net_promises():
+    """Unit 0 is off on every sample (3 kinks to come), unit 1 lies within 0.03 of 0 on every sample (dying at a
+    stage of kink width 0.03), unit 2 has one input exactly at 0; a leaky unit is never dead."""
+    z = torch.tensor([[-1.0, 0.01, 2.0], [-2.0, -0.02, 0.0], [-0.5, 0.005, 1.0]], dtype=F64)
+    assert _kinks_ahead([z], [0.0]) == (1, 4)
+    assert _kinks_ahead([z], [0.0], 0.03) == (2, 7)
+    assert _kinks_ahead([z], [0.1], 0.03) == (0, 1)
 
 
 def test_a_net_whose_dead_units_promise_too_many_kinks_is_refused_before_anything_moves(monkeypatch):

@@ -477,7 +477,7 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
             problem.mode = saved
         steps += taken
         inputs, leaks = activation_inputs(problem, theta)
-        refused = _too_large_to_try(problem, theta)  # units the stage has switched off for good
+        refused = _too_large_to_try(problem, theta, KINK_WIDTH / beta if beta >= SNAP_FROM else 0.0)
         if refused:
             point = _refused_point(problem, theta, inputs, leaks, refused)
             return point, point, steps
@@ -501,31 +501,36 @@ def _too_large(masks: list[torch.Tensor], theta: torch.Tensor) -> str:
     )
 
 
-def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float]) -> tuple[int, int]:
+def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float], width: float = 0.0) -> tuple[int, int]:
     """``(dead units, the kinks they and the entries already at 0 promise)``: a ReLU unit (a column of a call's
     input, samples in rows) that is off on every sample gets no gradient but the penalty's, so weight decay takes
-    its weights to 0 and all N of its inputs to the kink; entries with ``|a| <= 1e-10·max|a|`` are there already."""
+    its weights to 0 and all N of its inputs to the kink; so does one whose inputs all lie within `width` of 0 (a
+    smoothed stage's dying unit, `width` = the stage's kink width); entries with ``|a| <= 1e-10·max|a|`` are there
+    already."""
     dead = kinks = 0
     for z, leak in zip(inputs, leaks):
         rows = z.reshape(z.shape[0], -1)
         at_zero = rows.abs() <= 1e-10 * float(rows.abs().max()) if rows.numel() else rows.bool()
-        off = (rows <= 0).all(0) if leak == 0 else torch.zeros(rows.shape[1], dtype=torch.bool)
+        dying = (rows <= 0).all(0) | (rows.abs() <= width).all(0)
+        off = dying if leak == 0 else torch.zeros(rows.shape[1], dtype=torch.bool)
         dead += int(off.sum())
         kinks += int(off.sum()) * rows.shape[0] + int(at_zero[:, ~off].sum())
     return dead, kinks
 
 
-def _too_large_to_try(problem: _Problem, theta: torch.Tensor) -> str:
+def _too_large_to_try(problem: _Problem, theta: torch.Tensor, width: float = 0.0) -> str:
     """The rule that refuses a net before the continuation: when the kinks it already promises (`_kinks_ahead`)
     would need a dense J_0 over `MAX_JACOBIAN_BYTES` ("" otherwise). Such a net would spend its continuation only
     to be refused by `_too_large` at its end."""
     inputs, leaks = activation_inputs(problem, theta)
-    dead, kinks = _kinks_ahead(inputs, leaks)
+    dead, kinks = _kinks_ahead(inputs, leaks, width)
     size = 8.0 * kinks * problem.theta.numel()
     if size <= MAX_JACOBIAN_BYTES:
         return ""
+    near = f" (or within {width:.2g} of 0)" if width > 0 else ""
     return (
-        f"too large to certify: {dead} unit{'' if dead == 1 else 's'} off on every sample and the entries at 0 promise "
+        f"too large to certify: {dead} unit{'' if dead == 1 else 's'} off{near} on every sample "
+        f"and the entries at 0 promise "
         f"{kinks} kinks, a dense "
         f"J_0 of {size:.3g} bytes for {problem.theta.numel()} parameters (> {MAX_JACOBIAN_BYTES:.3g})"
     )
