@@ -162,6 +162,8 @@ def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[fl
                 "negativity_mid_max": float(mid["negativity"].max()),
                 "h_gamma_spread": spread(df["h_gamma_rescaled"]),
                 "h_spread": spread(df["h_rescaled"]),
+                "h_modified_spread": s.get("h_modified_spread", float("nan")),
+                "h_correction_max": s.get("h_correction_max", float("nan")),
                 "coi_spread": spread(df["coi_gamma"]),
                 "kappa_spread": spread(df["kappa"]),
                 "h_gap_mid_median": float((mid["h_gamma_rescaled"] - mid["h_rescaled"]).abs().median()),
@@ -429,7 +431,9 @@ def f2_claim(k: int, t: pd.DataFrame):
 
 
 def f3_claim(big: pd.DataFrame):
-    """F3: at L̃ >= 5 ĥ is flat over the layers next to COI_γ and κ, and ĥ_γ ≈ ĥ in the mid-half."""
+    """F3: at L̃ >= 5 ĥ is flat over the layers next to COI_γ and κ, and ĥ_γ ≈ ĥ in the mid-half. Beside it, the
+    spread of the modified ĥ̃ (conserved to O(ρ²) at fixed ρ, docs/leaky-resnets.md) and the O(ρ) term
+    ``max_l ρ_l|g_l|/L̃`` that separates the two, which bounds how flat ĥ itself can be at fixed ρ."""
     flat_coi = (big["h_spread"] / big["coi_spread"]).to_numpy()
     flat_kappa = (big["h_spread"] / big["kappa_spread"]).to_numpy()
     return all_of_claim(
@@ -445,6 +449,9 @@ def f3_claim(big: pd.DataFrame):
             "ratio_coi": flat_coi.tolist(),
             "ratio_kappa": flat_kappa.tolist(),
             "gap": big["h_gap_mid_median"].tolist(),
+            "h_spread": big["h_spread"].tolist(),
+            "h_modified_spread": big["h_modified_spread"].tolist(),
+            "h_correction_max": big["h_correction_max"].tolist(),
         },
         tolerance="[ours]",
         id="f3-hamiltonian-flat",
