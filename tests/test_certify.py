@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.optimize import lsq_linear
+from torch import nn
 
 from featurelab.data import Dataset, bottleneck_teacher
 from featurelab.models import MLP, LeakyResNet
@@ -19,6 +20,7 @@ from featurelab.training.certify import (
     _newton_on,
     _released,
     _snap,
+    _whole,
     activation_inputs,
     certificate_at,
     certify,
@@ -87,7 +89,8 @@ def kinked_problem(w2: float, lam: float = 0.05):
     with torch.no_grad():
         net.weights[0].copy_(torch.tensor([[t, w2]], dtype=F64))
         net.weights[1].copy_(torch.tensor([[t]], dtype=F64))
-    return _Problem(net, kinked_data(), "mse", lam), t
+    problem = _Problem(net, kinked_data(), "mse", lam)
+    return _whole(problem, problem.theta), t
 
 
 def test_the_add_rule_puts_an_entry_the_snap_drives_to_its_kink_into_k():
@@ -181,20 +184,60 @@ def test_the_kinks_a_net_promises():
     assert _kinks_ahead([z], [0.1], 0.03) == (0, 1)
 
 
+class Unmarked(nn.Module):
+    """An MLP behind a module that does not say where its neurons sit (no `neurons`), as a user's model."""
+
+    def __init__(self, net: MLP):
+        super().__init__()
+        self.net = net
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return self.net(X)
+
+    def penalty(self, lam: float) -> torch.Tensor:
+        return self.net.penalty(lam)
+
+
 def test_a_net_whose_dead_units_promise_too_many_kinks_is_refused_before_anything_moves(monkeypatch):
     """Hidden unit 2's incoming weights zeroed: it is off on all 32 samples, so weight decay will hold its 32 inputs
-    at the kink: 32 x 48 parameters x 8 bytes = 12288 bytes > the cap of 10000, refused up front."""
+    at the kink, and a model that does not say where its neurons sit cannot hold them out of the solve: 32 x 48
+    parameters x 8 bytes = 12288 bytes > the cap of 10000, refused up front."""
     import featurelab.training.certify as method
 
     monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 10000)
     net, data = small_mlp()
     with torch.no_grad():
         net.weights[0][2].zero_()
-    before = [p.detach().clone() for p in net.parameters()]
-    c = certify(net, data, "mse", 0.02).certificate
+    model = Unmarked(net)
+    before = [p.detach().clone() for p in model.parameters()]
+    c = certify(model, data, "mse", 0.02).certificate
     assert not c.certified and c.rule.startswith("too large to certify: 1 unit off on every sample"), c.rule
     assert "promise 32 kinks" in c.rule and c.iterations == 0 and c.loss_before == c.loss_after
-    assert all(torch.equal(p.detach(), b.to(p.dtype)) for p, b in zip(net.parameters(), before))
+    assert all(torch.equal(p.detach(), b.to(p.dtype)) for p, b in zip(model.parameters(), before))
+
+
+def test_dead_neurons_are_held_at_zero_and_the_rest_is_certified_as_the_net_without_them():
+    """A width-12 net at λ = 0.02 whose continuation kills neurons: the snap zeroes and holds their weights, their N
+    kinks each leave the solve, and the point is certified. Deleting the held neurons gives a net without dead ones
+    whose certificate, computed with every kink in the solve (nothing held), passes at the same loss with the same
+    kinks; the held net's kind stays undecided (a zero neuron's directions are not in the reduced Hessian)."""
+    data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
+    net = trained(MLP(4, 4, 12, 2, seed=0, dtype=F64), data, 0.02, steps=800, lr=1e-2)
+    c = certify(net, data, "mse", 0.02).certificate
+    assert c.certified and c.detail["held_neurons"] >= 1 and c.clarke <= 1e-12 and c.kind == "undecided", c
+    W1, W2 = net.weights[0].detach(), net.weights[1].detach()
+    held = (W1.abs().sum(1) == 0) & (W2.abs().sum(0) == 0)
+    assert int(held.sum()) == c.detail["held_neurons"]
+    live = (~held).nonzero().squeeze(1)
+    pruned = MLP(4, 4, len(live), 2, dtype=F64)
+    with torch.no_grad():
+        pruned.weights[0].copy_(W1[live])
+        pruned.weights[1].copy_(W2[:, live])
+    alone = certificate_at(pruned, data, "mse", 0.02).certificate
+    assert alone.certified and alone.detail["held_neurons"] == 0 and alone.clarke <= 1e-12, alone
+    assert alone.kinks == c.kinks and alone.loss_after == pytest.approx(c.loss_after, rel=1e-14, abs=0)
+    again = certificate_at(net, data, "mse", 0.02).certificate  # the held net examined as it is
+    assert again.certified and again.detail["held_neurons"] == c.detail["held_neurons"] and again.clarke <= 1e-12
 
 
 def test_clarke_residual_against_bounded_least_squares():

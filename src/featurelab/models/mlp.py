@@ -188,6 +188,14 @@ class MLP(nn.Module):
         Part 1's W_l acts on ``[A, 1]``)."""
         return self.weight_matrices()
 
+    def neurons(self, call: int) -> list[tuple[str, int]]:
+        """Where the neurons of hidden layer ``call + 1`` (the activation's call-th use in a forward pass, 0-based)
+        sit among the parameters: ``[(name, axis)]`` such that neuron j's weights are index j along `axis` of each
+        named parameter, its incoming row of W_l (bias entry included) and its outgoing column of W_{l+1} (Jacot,
+        Golikov, Hongler, Gabriel 2022, arXiv 2205.15809 §2: a neuron's input and output weights). Zeroing them
+        removes the neuron from the function and from the penalty."""
+        return [(f"weights.{call}", 0), (f"weights.{call + 1}", 1)]
+
     def sq_norm(self) -> torch.Tensor:
         """‖θ‖² = Σ_l ‖W_l‖²_F including the bias columns (per member for stacked weights)."""
         return self.penalty(1.0)

@@ -88,12 +88,12 @@ def certify_joint(
     joint = JointSteps(model)
     problem = _Problem(joint, data, "mse", lam)
     loss_before = problem.evaluate(problem.theta)[0]
-    start, end, steps = _continue_and_snap(problem, tolerance, max_seconds)
-    cert = _examine(problem, end, tolerance, loss_before, steps + end.iterations)
+    start, end, steps, reduced = _continue_and_snap(problem, tolerance, max_seconds)
+    cert = _examine(reduced, end, tolerance, loss_before, steps + end.iterations)
     cert = replace(cert, seconds=time.perf_counter() - t0, previous_clarke=start.delta)
-    problem.write(start.theta)
+    reduced.write(start.theta)
     joint.write_steps()
     previous = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    problem.write(end.theta)
+    reduced.write(end.theta)
     joint.write_steps()
     return Certified(cert, end.slopes.detach().clone(), [k.clone() for k in end.masks], previous)

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 import torch
@@ -157,14 +159,87 @@ def activation_inputs(problem: _Problem, theta: torch.Tensor) -> tuple[list[torc
     return [z.detach() for z in mode.inputs], mode.leaks
 
 
-def identify(inputs: list[torch.Tensor], width: float) -> tuple[list[torch.Tensor], float]:
-    """The kink masks ``|a| <= width`` per call and the identification gap min|a| off K / max|a| on K."""
-    masks = [z.abs() <= width for z in inputs]
+def identify(inputs: list[torch.Tensor], width: float, dead=None) -> tuple[list[torch.Tensor], float]:
+    """The kink masks ``|a| <= width`` per call and the identification gap min|a| off K / max|a| on K; the entries
+    of `dead` (per call, the inputs of neurons held at 0, see `_Reduced`) belong to neither."""
+    dead = dead if dead is not None else [torch.zeros(z.shape, dtype=torch.bool) for z in inputs]
+    masks = [(z.abs() <= width) & ~d for z, d in zip(inputs, dead)]
     on = [z.abs()[m] for z, m in zip(inputs, masks)]
-    off = [z.abs()[~m] for z, m in zip(inputs, masks)]
+    off = [z.abs()[~m & ~d] for z, m, d in zip(inputs, masks, dead)]
     top = max((float(t.max()) for t in on if t.numel()), default=0.0)
     low = min((float(t.min()) for t in off if t.numel()), default=math.inf)
     return masks, (math.inf if top == 0 else low / top)
+
+
+def _dying(inputs: list[torch.Tensor], leaks: list[float], widths: Sequence[float]) -> list[torch.Tensor]:
+    """Per call, the ReLU units (columns of the call's input, samples in rows) whose inputs are all <= the call's
+    width: off or at the kink on every sample. Such a unit gets no gradient but the penalty's, so at a critical
+    point of C + λ‖θ‖² (λ > 0) its weights are 0 (module docstring, "dead neurons")."""
+    out = []
+    for z, leak, width in zip(inputs, leaks, widths):
+        rows = z.reshape(z.shape[0], -1)
+        dying = (rows <= width).all(0) if leak == 0 and rows.numel() else torch.zeros(rows.shape[1], dtype=torch.bool)
+        out.append(dying)
+    return out
+
+
+class _Reduced(_Problem):
+    """`problem` over its live coordinates: the weights of dead neurons (`frozen`, a bool mask over θ) held at their
+    values in `theta` (0 where `certify` moved them there), the rest free; ``dead`` (per call) marks the activation
+    inputs of those neurons, which leave the kink set: with their incoming and outgoing weights at 0, their rows of
+    J_0 and their cotangents vanish, so the KKT system of the live coordinates is the whole one."""
+
+    def __init__(self, problem: _Problem, theta, frozen: torch.Tensor, dead: list[torch.Tensor], held: int = 0):
+        self.__dict__.update(vars(problem))
+        self.base, self.frozen, self.dead, self.held = problem, frozen, dead, held
+        self.fixed = theta.detach().clone()
+        self.index = (~frozen).nonzero().squeeze(1)
+        self.theta = self.fixed[self.index].clone()
+
+    def full(self, theta: torch.Tensor) -> torch.Tensor:
+        """The whole θ: `theta` on the live coordinates, the held values on the others."""
+        return self.fixed.index_copy(0, self.index, theta)
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        return super().unflatten(self.full(theta))
+
+    def write(self, theta: torch.Tensor) -> None:
+        super().write(self.full(theta))
+
+
+def _reducible(problem: _Problem) -> bool:
+    """Whether the model tells where its neurons sit (`MLP.neurons`) and weight decay takes dead ones to 0."""
+    return problem.lam > 0 and callable(getattr(problem.loss.model, "neurons", None))
+
+
+def _whole(problem: _Problem, theta: torch.Tensor) -> _Reduced:
+    """`problem` with every coordinate live."""
+    inputs, _ = activation_inputs(problem, theta)
+    dead = [torch.zeros_like(z, dtype=torch.bool) for z in inputs]
+    return _Reduced(problem, theta, torch.zeros(theta.numel(), dtype=torch.bool), dead)
+
+
+def _reduce(problem: _Problem, theta: torch.Tensor, widths: float | Sequence[float], zero: bool) -> _Reduced:
+    """`problem` without the dying neurons at θ (`_dying` with the calls' `widths`, one number for all calls or one
+    per call), their weights set to 0 when `zero` (the snap's dead-neuron rule), kept as they are otherwise (a point
+    examined as it is)."""
+    inputs, leaks = activation_inputs(problem, theta)
+    per_call = list(widths) if isinstance(widths, Sequence) else [float(widths)] * len(inputs)
+    dying = _dying(inputs, leaks, per_call) if _reducible(problem) else []
+    neurons = cast(Callable[[int], list[tuple[str, int]]], getattr(problem.loss.model, "neurons", None))
+    frozen = torch.zeros(theta.numel(), dtype=torch.bool)
+    dead = [torch.zeros(z.shape, dtype=torch.bool) for z in inputs]
+    start = {name: sum(problem.sizes[:i]) for i, name in enumerate(problem.names)}
+    shape = dict(zip(problem.names, problem.shapes))
+    for call, d in enumerate(dying):
+        if not bool(d.any()):
+            continue
+        dead[call] = d.expand(inputs[call].shape[0], -1).reshape(inputs[call].shape).clone()
+        for name, axis in neurons(call):
+            first, size = start["model." + name], math.prod(shape["model." + name])
+            frozen[first : first + size].view(shape["model." + name]).index_fill_(axis, d.nonzero().squeeze(1), True)
+    theta = theta.masked_fill(frozen, 0.0) if zero else theta
+    return _Reduced(problem, theta, frozen, dead, sum(int(d.sum()) for d in dying))
 
 
 @dataclass
@@ -433,13 +508,13 @@ def _refused_point(problem: _Problem, theta: torch.Tensor, inputs, leaks, rule: 
     return _Snap(theta, empty, leaks, m, m.delta, m.slopes, rule, 0)
 
 
-def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float) -> tuple[_Snap, _Snap]:
+def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float) -> tuple[_Snap, _Snap]:
     """Identify K = {|a| <= 30/β} at the continuation's end, then Newton steps on M until δ <= tolerance/100 (or it
     stops falling), with the add rule (entries off K whose sign a step changed join K) and the release rule
     (`_released`), each followed by a new start from θ, at most `SNAP_REVISIONS` times: ``(the start of the last
     snap, its end)``."""
     inputs, leaks = activation_inputs(problem, theta)
-    masks, _ = identify(inputs, KINK_WIDTH / beta)
+    masks, _ = identify(inputs, KINK_WIDTH / beta, problem.dead)
     for revision in range(SNAP_REVISIONS + 1):
         refused = _too_large(masks, theta)
         if refused:
@@ -460,12 +535,13 @@ def _snap(problem: _Problem, theta: torch.Tensor, beta: float, tolerance: float)
     raise AssertionError("unreachable: the last revision returns")
 
 
-def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float | None) -> tuple[_Snap, _Snap, int]:
+def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float | None):
     """Minimise the softplus_β-smoothed loss for β = `BETAS` in turn, each stage from the last one's point, and
     from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP` (and after the
-    last stage): stop at the first snap that reaches δ <= tolerance with feasible slopes, or at the first stage
-    whose dead units promise a kink set too large for the dense solve (`_too_large_to_try`). ``(the snap's
-    start, its end, Newton steps of the continuation)``."""
+    last stage), on the live coordinates (`_reduce`: the neurons off or at the kink on every sample zeroed and
+    held): stop at the first snap that reaches δ <= tolerance with feasible slopes, or at the first stage whose
+    dying units promise a kink set too large for the dense solve (`_too_large_to_try`). ``(the snap's start, its
+    end, Newton steps of the continuation, the reduced problem they live in)``."""
     steps, t0, theta = 0, time.perf_counter(), problem.theta
     saved, result = problem.mode, None
     for beta in BETAS:
@@ -476,17 +552,24 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
         finally:
             problem.mode = saved
         steps += taken
-        inputs, leaks = activation_inputs(problem, theta)
-        refused = _too_large_to_try(problem, theta, KINK_WIDTH / beta if beta >= SNAP_FROM else 0.0)
+        width = KINK_WIDTH / beta if beta >= SNAP_FROM else 0.0
+        refused = _too_large_to_try(problem, theta, width)
         if refused:
-            point = _refused_point(problem, theta, inputs, leaks, refused)
-            return point, point, steps
-        if beta >= SNAP_FROM and (identify(inputs, KINK_WIDTH / beta)[1] >= SNAP_GAP or beta == BETAS[-1]):
-            result = _snap(problem, theta, beta, tolerance)
-            if not result[1].rule and result[1].delta <= tolerance:
+            whole = _whole(problem, theta)
+            point = _refused_point(whole, whole.theta, *activation_inputs(whole, whole.theta), refused)
+            return point, point, steps, whole
+        if beta < SNAP_FROM:
+            continue
+        reduced = _reduce(problem, theta, width, zero=True)
+        inputs, _ = activation_inputs(reduced, reduced.theta)
+        if identify(inputs, width, reduced.dead)[1] >= SNAP_GAP or beta == BETAS[-1]:
+            result = _snap(reduced, reduced.theta, beta, tolerance), reduced
+            problem.hvps = reduced.hvps
+            if not result[0][1].rule and result[0][1].delta <= tolerance:
                 break
     assert result is not None
-    return result[0], result[1], steps
+    (start, end), reduced = result
+    return start, end, steps, reduced
 
 
 def _too_large(masks: list[torch.Tensor], theta: torch.Tensor) -> str:
@@ -501,20 +584,18 @@ def _too_large(masks: list[torch.Tensor], theta: torch.Tensor) -> str:
     )
 
 
-def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float], width: float = 0.0) -> tuple[int, int]:
+def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float], width: float = 0.0, held: bool = False):
     """``(dead units, the kinks they and the entries already at 0 promise)``: a ReLU unit (a column of a call's
-    input, samples in rows) that is off on every sample gets no gradient but the penalty's, so weight decay takes
-    its weights to 0 and all N of its inputs to the kink; so does one whose inputs all lie within `width` of 0 (a
-    smoothed stage's dying unit, `width` = the stage's kink width); entries with ``|a| <= 1e-10·max|a|`` are there
-    already."""
+    input, samples in rows) whose inputs are all <= `width` (off on every sample, or within a smoothed stage's kink
+    width of 0: `_dying`) gets no gradient but the penalty's, so weight decay takes its weights to 0 and all N of its
+    inputs to the kink, unless the snap holds it at 0 (`held`: the model tells where its neurons sit), when it
+    promises none; entries of the other units with ``|a| <= 1e-10·max|a|`` are at the kink already."""
     dead = kinks = 0
-    for z, leak in zip(inputs, leaks):
+    for z, off in zip(inputs, _dying(inputs, leaks, [width] * len(inputs))):
         rows = z.reshape(z.shape[0], -1)
         at_zero = rows.abs() <= 1e-10 * float(rows.abs().max()) if rows.numel() else rows.bool()
-        dying = (rows <= 0).all(0) | (rows.abs() <= width).all(0)
-        off = dying if leak == 0 else torch.zeros(rows.shape[1], dtype=torch.bool)
         dead += int(off.sum())
-        kinks += int(off.sum()) * rows.shape[0] + int(at_zero[:, ~off].sum())
+        kinks += (0 if held else int(off.sum()) * rows.shape[0]) + int(at_zero[:, ~off].sum())
     return dead, kinks
 
 
@@ -523,7 +604,7 @@ def _too_large_to_try(problem: _Problem, theta: torch.Tensor, width: float = 0.0
     would need a dense J_0 over `MAX_JACOBIAN_BYTES` ("" otherwise). Such a net would spend its continuation only
     to be refused by `_too_large` at its end."""
     inputs, leaks = activation_inputs(problem, theta)
-    dead, kinks = _kinks_ahead(inputs, leaks, width)
+    dead, kinks = _kinks_ahead(inputs, leaks, width, held=_reducible(problem))
     size = 8.0 * kinks * problem.theta.numel()
     if size <= MAX_JACOBIAN_BYTES:
         return ""
@@ -585,25 +666,34 @@ def _verdict(snap: _Snap, gap: float, tolerance: float, low: float, high: float)
     return kind, rule, at_bounds
 
 
-def _examine(problem: _Problem, end: _Snap, tolerance: float, loss_before: float, iterations: int) -> Certificate:
+def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float, iterations: int) -> Certificate:
     """The certificate of the point `end.theta` with its kink set, multipliers and Clarke residual: the gap, the
     reduced Hessian's extreme eigenvalues, the verdict; `detail` (a Leaky ResNet's per-layer residuals and ĥ_l)
-    differentiates σ with the slopes s* at the kinks; `stationarity` with relu'(0) = 0, as autograd does."""
+    differentiates σ with the slopes s* at the kinks; `stationarity` with relu'(0) = 0, as autograd does. Held
+    neurons (`_Reduced`) count in every gradient: δ is the larger of the live coordinates' and the whole θ's at s*
+    (their own gradient vanishes exactly at 0), and the kind is at best "undecided" (their directions are not in
+    the Lanczos: a zero neuron's second-order term is not quadratic)."""
     inputs, _ = activation_inputs(problem, end.theta)
     K = end.slopes.numel()
     width = max((float(z[k].abs().max()) for z, k in zip(inputs, end.masks) if bool(k.any())), default=0.0)
-    gap = identify(inputs, width)[1] if K else math.inf
+    gap = identify(inputs, width, problem.dead)[1] if K else math.inf
     low, high = reduced_eigenvalues(problem, end.theta, end.masks, end.m)
-    kind, rule, at_bounds = _verdict(end, gap, tolerance, low, high)
-    saved = _with(problem, lambda: _AtKinks(masks=end.masks, slopes=end.slopes))
+    base, full = problem.base, problem.full(end.theta)
+    base.hvps = problem.hvps
+    saved = _with(base, lambda: _AtKinks(masks=end.masks, slopes=end.slopes))
     try:
-        base = _certificate(problem, end.theta, tolerance, loss_before, iterations, 0.0, METHOD)
+        cert = _certificate(base, full, tolerance, loss_before, iterations, 0.0, METHOD)
     finally:
-        problem.mode = saved
-    _, g, gr, cost = problem.evaluate(end.theta)
+        base.mode = saved
+    if problem.held:
+        end = replace(end, delta=max(end.delta, cert.stationarity))
+    kind, rule, at_bounds = _verdict(end, gap, tolerance, low, high)
+    if problem.held and kind == "minimum":
+        kind = "undecided"
+    _, g, gr, cost = base.evaluate(full)
     return replace(
-        base,
-        stationarity=_ratio(g, gr, end.theta, cost, problem.lam),
+        cert,
+        stationarity=_ratio(g, gr, full, cost, problem.lam),
         clarke=end.delta,
         kinks=K,
         gap=gap,
@@ -613,6 +703,7 @@ def _examine(problem: _Problem, end: _Snap, tolerance: float, loss_before: float
         kind=kind,
         rule=rule,
         certified=not rule,
+        detail={**cert.detail, "held_neurons": problem.held},
     )
 
 
@@ -624,10 +715,13 @@ def certificate_at(
     `certify` judges its end point. A point that is not critical, or a saddle, is refused with its rule."""
     positive("tolerance", tolerance)
     t0 = time.perf_counter()
-    problem = _Problem(float64_copy(model).requires_grad_(True), data, objective, lam)
+    whole = _Problem(float64_copy(model).requires_grad_(True), data, objective, lam)
+    inputs, _ = activation_inputs(whole, whole.theta)
+    widths = [kink_rtol * float(z.abs().max()) if z.numel() else 0.0 for z in inputs]
+    problem = _reduce(whole, whole.theta, widths, zero=False)
     theta = problem.theta
     inputs, leaks = activation_inputs(problem, theta)
-    masks = [z.abs() <= kink_rtol * float(z.abs().max()) if z.numel() else z.bool() for z in inputs]
+    masks = [(z.abs() <= w) & ~d for z, w, d in zip(inputs, widths, problem.dead)]
     m = multipliers(problem, theta, masks, leaks)
     delta, slopes = clarke_residual(problem, theta, masks, m)
     point = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
@@ -658,10 +752,10 @@ def certify(
     if refused:
         return _refused_up_front(problem, refused, tolerance, time.perf_counter() - t0)
     loss_before = problem.evaluate(problem.theta)[0]
-    start, end, steps = _continue_and_snap(problem, tolerance, max_seconds)
-    cert = _examine(problem, end, tolerance, loss_before, steps + end.iterations)
+    start, end, steps, reduced = _continue_and_snap(problem, tolerance, max_seconds)
+    cert = _examine(reduced, end, tolerance, loss_before, steps + end.iterations)
     cert = replace(cert, previous_clarke=start.delta, seconds=time.perf_counter() - t0)
-    problem.write(start.theta)
+    reduced.write(start.theta)
     previous = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    problem.write(end.theta)
+    reduced.write(end.theta)
     return Certified(cert, end.slopes.detach().clone(), [k.clone() for k in end.masks], previous)
