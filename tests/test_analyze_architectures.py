@@ -2,12 +2,24 @@
 position tokens, a timm-style attention with one fused qkv Linear, a BatchNorm ResNet, a depthwise-separable
 block. Each checked against numpy computations written independently of the package."""
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import featurelab as fl
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def submodule(model: nn.Module, path: str, kind: type[M]) -> M:
+    """`model`'s submodule at the dotted `path`, checked to be a `kind` (so its attributes are typed)."""
+    m = model.get_submodule(path)
+    assert isinstance(m, kind), f"{path} is a {type(m).__name__}, not a {kind.__name__}"
+    return m
 
 
 class MHABlock(nn.Module):
@@ -55,7 +67,7 @@ class TimmBlock(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, block=MHABlock, d=12, heads=3, depth=2, patch=4):
+    def __init__(self, block: Callable[[int, int], nn.Module] = MHABlock, d=12, heads=3, depth=2, patch=4):
         super().__init__()
         torch.manual_seed(0)
         self.patch = nn.Conv2d(1, d, patch, stride=patch)
@@ -166,7 +178,7 @@ def test_vit_with_multihead_attention(images):
     model = ViT()
     res = fl.analyze(model, images)
     layers = res.layers.set_index("name")
-    attn = model.blocks[0].attn
+    attn = submodule(model, "blocks.0.attn", nn.MultiheadAttention)
     E = attn.embed_dim
     W = attn.in_proj_weight.detach().double().numpy()
     b = attn.in_proj_bias.detach().double().numpy()
@@ -194,8 +206,8 @@ def test_vit_with_multihead_attention(images):
     assert names[:3] == ["patch", "cls_token", "pos_embed"] and names[-1] == "head"
     assert names.index("blocks.0.mlp.2") < names.index("blocks.1.attn.q")
     # MLP through GELU: aligned pair, no balance (GELU is not positively homogeneous)
-    W1 = model.blocks[0].mlp[0].weight.detach().double().numpy()
-    W2 = model.blocks[0].mlp[2].weight.detach().double().numpy()
+    W1 = submodule(model, "blocks.0.mlp.0", nn.Linear).weight.detach().double().numpy()
+    W2 = submodule(model, "blocks.0.mlp.2", nn.Linear).weight.detach().double().numpy()
     row = layers.loc["blocks.0.mlp.0"]
     assert row["next"] == "blocks.0.mlp.2" and np.isnan(row["balance_residual"])
     v1 = np.linalg.svd(W2)[2][0]
@@ -218,7 +230,7 @@ def test_vit_with_multihead_attention(images):
 def test_timm_style_fused_qkv(images):
     model = ViT(TimmBlock, d=12, heads=2)
     res = fl.analyze(model, images, representations=["blocks.*.attn", "blocks.1"])
-    attn = model.blocks[1].attn
+    attn = submodule(model, "blocks.1.attn", TimmAttention)
     E = attn.proj.in_features
     W, b = attn.qkv.weight.detach().double().numpy(), attn.qkv.bias.detach().double().numpy()
     Wo, bo = attn.proj.weight.detach().double().numpy(), attn.proj.bias.detach().double().numpy()
@@ -234,8 +246,9 @@ def test_timm_style_fused_qkv(images):
     assert "blocks.1.attn.qkv" not in layers.index and layers.loc["blocks.1.attn.proj", "kind"] == "attention out"
     per_head(res, "blocks.1.attn", Wq, Wk, Wv, Wo, attn.num_heads)
     # a residual MLP block with ReLU: balance and alignment exist
-    W1, b1 = model.blocks[1].mlp[0].weight.detach().double().numpy(), model.blocks[1].mlp[0].bias.detach().double()
-    W2 = model.blocks[1].mlp[2].weight.detach().double().numpy()
+    first = submodule(model, "blocks.1.mlp.0", nn.Linear)
+    W1, b1 = first.weight.detach().double().numpy(), first.bias.detach().double()
+    W2 = submodule(model, "blocks.1.mlp.2", nn.Linear).weight.detach().double().numpy()
     diff = (W1**2).sum(1) + b1.numpy() ** 2 - (W2**2).sum(0)
     row = layers.loc["blocks.1.mlp.0"]
     assert row["balance_mean"] == pytest.approx(diff.mean(), rel=1e-10)
@@ -309,7 +322,7 @@ def test_depthwise_separable_block(images):
     assert row["sv1"] == pytest.approx(norms[0], rel=1e-12)
     assert row["stable_rank"] == pytest.approx((norms**2).sum() / norms[0] ** 2, rel=1e-12)
     # depthwise -> (BN folded) -> ReLU -> pointwise: each channel's filter and bias in, its pointwise column out
-    Wp = model[6].weight.detach().double().numpy()[:, :, 0, 0]
+    Wp = submodule(model, "6", nn.Conv2d).weight.detach().double().numpy()[:, :, 0, 0]
     diff = (Wd**2).sum((1, 2, 3)) + bd**2 - (Wp**2).sum(0)
     assert row["next"] == "6" and row["balance_mean"] == pytest.approx(diff.mean(), rel=1e-10)
     # the first conv's outputs are read by the depthwise operator: columns of the block-diagonal matrix
@@ -339,7 +352,7 @@ def test_torch_transformer_encoder():
     assert list(res.representations["name"]) == ["input", "0.layers.0", "0.layers.1", "output"]
     names = list(res.layers["name"])
     assert names[:4] == [f"0.layers.0.self_attn.{p}" for p in ("q", "k", "v", "out_proj")] and names[-1] == "2"
-    attn = model[0].layers[1].self_attn
+    attn = submodule(model, "0.layers.1.self_attn", nn.MultiheadAttention)
     W = attn.in_proj_weight.detach().double().numpy()
     check(res.layers.set_index("name").loc["0.layers.1.self_attn.v"], W[16:])
     assert len(res.attention) == 4

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import overload
 
 import numpy as np
 import pandas as pd
@@ -136,7 +137,17 @@ def _cp_plane():
     return torch.diag(torch.tensor([3.0, 1.5], dtype=D)) @ V.T, V
 
 
-def _on(dev, *xs):
+@overload
+def _on(dev: str, a: torch.Tensor, /) -> torch.Tensor: ...
+@overload
+def _on(dev: str, a: torch.Tensor, b: torch.Tensor, /) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def _on(
+    dev: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, /
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+def _on(dev: str, *xs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """`xs` moved to `dev`: one tensor for one argument, else a tuple of the same length (typed per arity, so
+    ``*_on(...)`` spreads into a fixed number of parameters)."""
     out = tuple(x.to(dev) for x in xs)
     return out[0] if len(out) == 1 else out
 
@@ -413,6 +424,7 @@ def test_member_bytes_matches_the_memory_of_a_training_step_on_cuda():
     from featurelab.training import Phase, train
 
     exp, cfg = resolve_config("leaky-bottleneck", "paper")
+    assert exp.build is not None  # leaky-bottleneck trains through build and finish
     job = exp.build(cfg, exp.units(cfg)[0])
     need = member_bytes(job)
     config = job.config.model_copy(update={"phases": [Phase(optimizer="adam", steps=2, lr=1e-4)], "log_every": 2})
