@@ -13,20 +13,29 @@ unit are not retried: they are the unit's failure, as with the local backend.
 Ray is an optional extra: ``pip install "featlab[ray]"``. The cluster's nodes need featurelab
 installed (same version); connect with ``address`` (``HOST:PORT``) or ``RAY_ADDRESS``; with neither, a
 local Ray instance is started. If Ray is already initialised in this process, that connection is used.
+
+Before a run folder is written, `handshake` asks the cluster's head, within `CONNECT_TIMEOUT` seconds in
+all, for its Ray and Python versions, sending Ray's authentication token: a dead address, another service,
+a silent server, a missing or refused token and a version that differs from this process's are one line
+each, in milliseconds to seconds, where ``ray.init`` would retry for 20 s and then name none of them.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import socket
 import tempfile
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import FeaturelabError
 from ..io import write_bytes
 from .work import BuildError, UnitOutcome, WorkItem, execute
 
-CONNECT_TIMEOUT = 10.0  # seconds to wait for a Ray cluster's head to accept a connection
+CONNECT_TIMEOUT = 10.0  # seconds for the whole handshake with a Ray cluster's head
 
 
 def _ray():
@@ -40,19 +49,24 @@ def _ray():
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
 
 
+def _host_port(address: str) -> tuple[str, int]:
+    """(host, port) of ``HOST:PORT`` or ``ray://HOST:PORT`` (IPv6 hosts in brackets); one line otherwise."""
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise FeaturelabError(f"address={address!r} is not allowed: give HOST:PORT of the Ray cluster's head")
+    return host.strip("[]"), int(port)
+
+
 def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
     """A one-line error unless a gRPC server (a Ray head's GCS or client server) answers at `address`
-    (``HOST:PORT``, or ``ray://HOST:PORT``) within `timeout` seconds: it must accept the connection and answer
-    the HTTP/2 client preface with a SETTINGS frame (RFC 9113 §3.4), which another service (a web or SSH
+    (``HOST:PORT``, or ``ray://HOST:PORT``) within `timeout` seconds in all: it must accept the connection and
+    answer the HTTP/2 client preface with a SETTINGS frame (RFC 9113 §3.4), which another service (a web or SSH
     server, a silent port) does not; "auto" and "local" are not probed."""
     if address in ("auto", "local"):
         return
-    hostport = address.split("://", 1)[-1]
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit():
-        raise FeaturelabError(f"address={address!r} is not allowed: give HOST:PORT of the Ray cluster's head")
+    deadline = time.monotonic() + timeout
     try:
-        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        conn = socket.create_connection(_host_port(address), timeout=timeout)
     except OSError as exc:
         cause = exc.strerror or type(exc).__name__
         raise FeaturelabError(
@@ -61,34 +75,228 @@ def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
         ) from None
     with conn:
         try:
+            conn.settimeout(max(deadline - time.monotonic(), 1e-3))  # the connection's time counts too
             conn.sendall(HTTP2_PREFACE)
             frame = conn.recv(9)
         except OSError:  # silent, or closed on us
             frame = b""
     if len(frame) < 9 or frame[3] != 4:  # a frame header: 3 bytes length, 1 byte type (4: SETTINGS)
         raise FeaturelabError(
-            f"the service at {address} is not a Ray cluster's head (it does not answer as a gRPC server); "
-            "check the address and port (`ray status` on the head prints it)"
+            f"the service at {address} is not a Ray cluster's head (it does not answer as a gRPC server "
+            f"within {timeout:g} s); check the address and port (`ray status` on the head prints it)"
         )
+
+
+def auth_token() -> tuple[str | None, str]:
+    """Ray's authentication token, looked up as Ray does (docs.ray.io, "Ray token authentication"):
+    ``RAY_AUTH_TOKEN`` if set and not empty, else the file ``RAY_AUTH_TOKEN_PATH`` names, else
+    ``~/.ray/auth_token`` if it holds one; and where it came from. (None, "") when there is none; an unreadable
+    or empty ``RAY_AUTH_TOKEN_PATH`` is one line, as Ray refuses it too."""
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"
+    named = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    path = Path(named).expanduser() if named else Path.home() / ".ray" / "auth_token"
+    if not named and not path.is_file():
+        return None, ""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FeaturelabError(
+            f"RAY_AUTH_TOKEN_PATH={named!r} cannot be read ({type(exc).__name__}); name the file that holds the "
+            "cluster's token (`ray get-auth-token` on the head prints it)"
+        ) from None
+    if not token and named:
+        raise FeaturelabError(f"RAY_AUTH_TOKEN_PATH={named!r} names an empty file; write the cluster's token into it")
+    return (token or None), (f"RAY_AUTH_TOKEN_PATH={named!r}" if named else f"'{path}'") if token else ""
+
+
+def _grpc():
+    try:
+        import grpc
+    except ImportError:
+        raise FeaturelabError(
+            'the Ray handshake needs grpcio (part of "ray[default]"): pip install "featlab[ray]"'
+        ) from None
+    return grpc
+
+
+KV_GET = "/ray.rpc.InternalKVGcsService/InternalKVGet"  # a GCS's key-value read (Ray's gcs_service.proto)
+CLUSTER_INFO = "/ray.rpc.RayletDriver/ClusterInfo"  # a Ray Client server's (Ray's ray_client.proto)
+CLUSTER_METADATA = (b"CLUSTER_METADATA", b"cluster")  # key and namespace of the head's versions (Ray's usage_lib)
+PING = 6  # ClusterInfoType.PING: the Ray Client server answers it before any connection of a driver
+TOKEN_FIX = "`ray get-auth-token` on the head prints it"
+
+
+def _varint(n: int) -> bytes:
+    """`n` >= 0 as a protobuf varint: 7 bits a byte, low bits first, the high bit set on all but the last."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def pb_message(fields: Sequence[tuple[int, int | bytes]]) -> bytes:
+    """A protobuf message of (number, value) fields: an int as a varint (wire type 0), bytes length-delimited
+    (wire type 2)."""
+    out = b""
+    for number, value in fields:
+        if isinstance(value, int):
+            out += _varint(number << 3) + _varint(value)
+        else:
+            out += _varint(number << 3 | 2) + _varint(len(value)) + value
+    return out
+
+
+def pb_fields(data: bytes) -> dict[int, int | bytes]:
+    """The fields of a protobuf message by number (the last of a repeated one): varints as int, length-delimited
+    and fixed-width values as bytes. Bad wire data raises ValueError."""
+    out: dict[int, int | bytes] = {}
+    i = 0
+    while i < len(data):
+        key, i = _read_varint(data, i)
+        wire = key & 7
+        if wire == 0:
+            value, i = _read_varint(data, i)
+        elif wire in (1, 2, 5):
+            size, i = (8, i) if wire == 1 else (4, i) if wire == 5 else _read_varint(data, i)
+            value, i = data[i : i + size], i + size
+            if len(value) < size:
+                raise ValueError("a field runs past the end of the message")
+        else:
+            raise ValueError(f"wire type {wire} is not read here")
+        out[key >> 3] = value
+    return out
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    """The varint at `data[i:]` and the index after it."""
+    n = shift = 0
+    while True:
+        if i >= len(data):
+            raise ValueError("a varint runs past the end of the message")
+        n |= (data[i] & 0x7F) << shift
+        shift, i = shift + 7, i + 1
+        if not data[i - 1] & 0x80:
+            return n, i
+
+
+def ask_head(address: str, deadline: float, timeout: float) -> dict:
+    """The head's cluster metadata (``ray_version``, ``python_version``, ...) read from its GCS at `address`
+    with one gRPC call that ends by `deadline` (``time.monotonic()``), carrying Ray's token (`auth_token`); {}
+    from a Ray Client server (``ray://``), asked its PING only. A refusal is one line (`refusal`)."""
+    grpc = _grpc()
+    token, source = auth_token()
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    client = address.startswith("ray://")
+    method, request = (CLUSTER_INFO, [(1, PING)]) if client else (KV_GET, list(enumerate(CLUSTER_METADATA, 1)))
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise FeaturelabError(refusal(address, "DEADLINE_EXCEEDED", "", source, timeout))
+    with grpc.insecure_channel(address.split("://", 1)[-1]) as channel:
+        try:
+            reply = channel.unary_unary(method)(pb_message(request), timeout=left, metadata=metadata)
+        except grpc.RpcError as exc:
+            code, details = exc.code().name, exc.details()  # type: ignore[attr-defined]  # a grpc.Call
+            raise FeaturelabError(refusal(address, code, " ".join(str(details).split()), source, timeout)) from None
+    return {} if client else _metadata(address, reply)
+
+
+def _metadata(address: str, reply: bytes) -> dict:
+    """The JSON value of an InternalKVGetReply (status: field 1, its code field 1; value: field 2); {} when the
+    key is absent. A reply that is not one is one line."""
+    try:
+        fields = pb_fields(reply)
+        status = fields.get(1, b"")
+        value = fields.get(2, b"")
+        code = pb_fields(status).get(1, 0) if isinstance(status, bytes) else status
+        found = json.loads(value) if code == 0 and isinstance(value, bytes) and value else {}
+    except (ValueError, UnicodeDecodeError):
+        raise FeaturelabError(
+            f"the gRPC server at {address} answers Ray's handshake with something else; check the address and "
+            "port (`ray status` on the head prints it)"
+        ) from None
+    return found if isinstance(found, dict) else {}
+
+
+def refusal(address: str, code: str, details: str, source: str, timeout: float) -> str:
+    """The one line for a gRPC status `code` (its name, e.g. "UNAUTHENTICATED") that the head at `address`
+    answered, with the token's `source` ("" for none) and the handshake's `timeout`."""
+    if code == "UNAUTHENTICATED" and not source:
+        return (
+            f"the Ray cluster at {address} requires token authentication and this process has no token: set "
+            f"RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token ({TOKEN_FIX})"
+        )
+    if code == "UNAUTHENTICATED":
+        return f"the Ray cluster at {address} refused the token from {source}: use the cluster's token ({TOKEN_FIX})"
+    if code == "DEADLINE_EXCEEDED":
+        return (
+            f"the Ray cluster at {address} accepted the connection but did not answer within {timeout:g} s; check "
+            "that its head is running and not overloaded (`ray status` on the head)"
+        )
+    if code == "UNIMPLEMENTED":
+        return (
+            f"the gRPC server at {address} is not a Ray cluster's head (it serves no Ray handshake); give the "
+            "head's GCS address (`ray status` on the head prints it), or ray://HOST:PORT for a Ray Client server"
+        )
+    return f"the Ray cluster at {address} refused the handshake ({code}: {details}); check the address and the head"
+
+
+def check_versions(address: str, head: dict, ray_version: str, python_version: str) -> None:
+    """One line unless the cluster's Ray version (`head`, from `ask_head`) is `ray_version` and its Python
+    version is `python_version`, to the patch (to the minor where ``RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL`` is
+    "minor"): what ``ray.init`` requires, and would refuse only after connecting."""
+    theirs, their_python = head.get("ray_version"), head.get("python_version")
+    if not theirs or not their_python:
+        raise FeaturelabError(
+            f"the Ray cluster at {address} does not state its Ray and Python versions; check that the address is "
+            "a Ray head's (`ray status` on the head prints it)"
+        )
+    level = 2 if os.environ.get("RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL") == "minor" else 3
+    if theirs == ray_version and their_python.split(".")[:level] == python_version.split(".")[:level]:
+        return
+    raise FeaturelabError(
+        f"the Ray cluster at {address} runs Ray {theirs} on Python {their_python}, this process Ray {ray_version} on "
+        f"Python {python_version}: Ray needs the same on both ends; install ray=={theirs} on Python {their_python} "
+        f"here, or start the cluster with Ray {ray_version} on Python {python_version}"
+    )
+
+
+def handshake(address: str, timeout: float = CONNECT_TIMEOUT) -> dict:
+    """The cluster metadata of the Ray head at `address` (``HOST:PORT`` of its GCS, or ``ray://HOST:PORT`` of
+    a Ray Client server), proven within `timeout` seconds in all: it answers as a gRPC server (`probe`), accepts
+    Ray's token (`auth_token`) and, for a GCS, runs this process's Ray and Python versions (`check_versions`;
+    a Ray Client server checks them itself when Ray connects). Each failure is one line naming the address and
+    the fix. "auto" and "local" are not asked ({})."""
+    if address in ("auto", "local"):
+        return {}
+    ray = _ray()
+    deadline = time.monotonic() + timeout
+    probe(address, timeout)
+    head = ask_head(address, deadline, timeout)
+    if not address.startswith("ray://"):
+        check_versions(address, head, ray.__version__, platform.python_version())
+    return head
 
 
 def reachable(address: str | None = None) -> None:
     """A one-line error unless Ray is installed and the cluster at `address` (or ``RAY_ADDRESS``; none:
-    a local instance) accepts connections: checked before a run folder is written."""
+    a local instance) passes the `handshake`: checked before a run folder is written."""
     _ray()
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is not None and not _ray().is_initialized():
-        probe(address)
+        handshake(address)
 
 
 def connect(address: str | None = None):
     """The `ray` module, initialised: an existing connection, else `address`, ``RAY_ADDRESS``, or a new
-    local instance. A cluster address is probed first, so a dead address fails in seconds, not minutes."""
+    local instance. A cluster address passes the `handshake` first, so a dead address, a missing token or
+    another Ray version fails in seconds, not after ``ray.init``'s 20 s of retries."""
     ray = _ray()
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
         if address is not None:
-            probe(address)
+            handshake(address)
         try:
             ray.init(
                 address=address,
