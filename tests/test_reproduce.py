@@ -17,6 +17,7 @@ from featurelab.config import ExperimentConfig
 from featurelab.experiments import REGISTRY
 from featurelab.experiments.base import Analysis, Experiment
 from featurelab.io import read_json, write_json
+from featurelab.progress import TimeLeft, fmt_duration
 from featurelab.runs.reproduce import (
     BEGIN,
     END,
@@ -191,3 +192,84 @@ def test_robustness_tables_show_both_tiers_and_reproduce_each_apart():
     )
     assert "| `sum` | PASS +0% | PASS +0% | identity |" in text and "Certified tier: **0 of 1 reproduced**" in text
     assert "certified reproduced" in robustness_html(table)
+
+
+PAIR = Experiment(
+    name="test-reproduce-pair",
+    summary="test-only: two units, one claim that always passes",
+    reference="tests",
+    config=SeedsConfig,
+    presets={"quick": {}},
+    units=lambda cfg: [{"id": "a"}, {"id": "b"}],
+    analyze=lambda cfg, results, ctx: Analysis([threshold_claim("two units", "test", len(results), 2, ">=", id="n")]),
+    run_unit=lambda cfg, unit, ctx: {"seed": cfg.seed},
+)
+REGISTRY[PAIR.name] = PAIR
+
+
+def test_time_left_is_the_mean_seconds_per_unit_run_times_the_units_left():
+    now = [0.0]
+    t = TimeLeft({"a": 4, "b": 6, "c": 2}, clock=lambda: now[0])
+    assert t.left() is None and t.left("a") is None and t.status("a").endswith("all 0/12 units, time left unknown")
+    now[0] = 10.0
+    assert t.add("a", 2, 2) == 10.0  # 2 units in 10 s: 5 s a unit, for a and, before they run, for b and c
+    assert (t.left("a"), t.left("b"), t.left("c"), t.left()) == (2 * 5, 6 * 5, 2 * 5, 10 * 5)
+    t.start()
+    now[0] = 10.5
+    t.add("a", 2, 0)  # found finished: done, the half second not counted
+    assert t.left("a") == 0 and t.per_unit("a") == 5
+    t.start()
+    now[0] = 40.5
+    t.add("b", 3, 3)  # 3 units in 30 s: 10 s a unit for b; c takes the mean over all, (10 + 30) / (2 + 3)
+    assert (t.left("b"), t.per_unit(), t.left("c"), t.left()) == (3 * 10, 8, 2 * 8, 30 + 16)
+    assert t.status("b") == "b 3/6 units, ~30s left; all 7/12 units, ~46s left"
+    t.start()
+    now[0] = 40.5 + 3 * 3600
+    t.add("c", 2, 2)
+    assert t.status("c") == "c 2/2 units, done; all 9/12 units, ~30s left"  # b keeps its own 10 s a unit
+    assert t.per_unit() == pytest.approx((10 + 30 + 3 * 3600) / (2 + 3 + 2))
+
+
+@pytest.mark.parametrize(
+    "seconds, text", [(0, "0s"), (59.4, "59s"), (59.6, "1m 00s"), (185, "3m 05s"), (3599.6, "1h 00m"), (7620, "2h 07m")]
+)
+def test_durations_for_a_person(seconds, text):
+    assert fmt_duration(seconds) == text
+
+
+def fake_clock(monkeypatch, step: float = 5.0):
+    """`featurelab.progress`'s clock advanced by `step` seconds at each reading: every run lasts `step` s."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr("featurelab.progress.monotonic", lambda: step * next(ticks))
+
+
+def test_reproduce_logs_units_done_and_time_left_per_experiment_and_in_all(tmp_path, monkeypatch, capsys):
+    """In a log (no terminal): one line per finished run. seeds (1 unit a run) runs first at 5 s a unit; pair
+    (2 units a run) is estimated at that rate until its first run takes 5 s for 2 units."""
+    fake_clock(monkeypatch)
+    out = tmp_path / "all"
+    argv = ["reproduce", "--only", f"{SEEDS.name},{PAIR.name}", "--seeds", "0", "--workers", "1", "--out", str(out)]
+    assert main(argv) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("progress: ")]
+    s, p = SEEDS.name, PAIR.name
+    assert lines == [
+        f"progress: {s} seed-0: 1 of 1 units run in 5s; {s} 1/2 units, ~5s left; all 1/6 units, ~25s left",
+        f"progress: {s} float64: 1 of 1 units run in 5s; {s} 2/2 units, done; all 2/6 units, ~20s left",
+        f"progress: {p} seed-0: 2 of 2 units run in 5s; {p} 2/4 units, ~5s left; all 4/6 units, ~5s left",
+        f"progress: {p} float64: 2 of 2 units run in 5s; {p} 4/4 units, done; all 6/6 units, done",
+    ]
+    (out / PAIR.name / "float64" / "results.json").unlink()  # an interrupted run: its units are found finished
+    assert main(argv + ["--quiet"]) == 0
+    assert "progress" not in capsys.readouterr().out  # quiet: no progress at all
+    assert main(argv) == 0
+    assert f"progress: {p} float64: 0 of 2 units run in 5s; {p} 4/4 units, done" in capsys.readouterr().out
+
+
+def test_reproduce_in_a_terminal_draws_one_bar_with_the_time_left(tmp_path, monkeypatch, capsys):
+    fake_clock(monkeypatch)
+    index = reproduce("quick", [0], tmp_path / "all", only=[SEEDS.name, PAIR.name], workers=1, progress=True)
+    assert index["reproduced"] == 3
+    out, err = capsys.readouterr()
+    assert "progress:" not in out and f"{SEEDS.name} quick seed-0: " in out  # the runs' folders still listed
+    assert "\r" in err and "6/6 units" in err and "all 6/6 units, done" in err
+    assert f"{SEEDS.name} seed-0: 1/6 units" in err and "all 1/6 units, ~25s left" in err

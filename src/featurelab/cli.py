@@ -304,7 +304,9 @@ def _add_run(sub) -> None:
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.add_argument("--no-batch", action="store_true", help="train same-shape runs one by one, not as ensembles")
     r.add_argument("--backend", default="local", help="local (worker processes, default) or ray")
-    r.add_argument("--address", default=None, help="Ray cluster HOST:PORT (default: RAY_ADDRESS)")
+    r.add_argument(
+        "--address", default=None, help="Ray cluster HOST:PORT (default: RAY_ADDRESS; its token: RAY_AUTH_TOKEN)"
+    )
     r.add_argument("--retries", type=int, default=2, help="Ray: re-runs of a task whose worker died (default 2)")
     r.add_argument(
         "--seeds",
@@ -334,7 +336,9 @@ def _add_reproduce(sub) -> None:
     rp.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     rp.add_argument("--workers", type=int, default=None, help="worker processes for sweeps (default: cores)")
     rp.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
-    rp.add_argument("--quiet", action="store_true", help="no progress bars")
+    rp.add_argument(
+        "--quiet", action="store_true", help="no progress (the time left: a bar in a terminal, a line a run in a log)"
+    )
     rp.add_argument("--no-batch", action="store_true", help="train same-shape runs one by one, not as ensembles")
     rp.set_defaults(func=_cmd_reproduce, backend="local", address=None, retries=2)
 

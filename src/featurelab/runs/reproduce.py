@@ -11,18 +11,22 @@ and margin, and whether it is *reproduced*: an empirical claim passes under ever
 ``OUT/index.json`` and ``OUT/index.html`` (every claim of the five papers, linking each report);
 `update_markdown` regenerates the tables of a Markdown file (docs/reproduction.md) from ``index.json``
 between the markers `BEGIN` and `END`, leaving the hand-written text around them.
+
+Both follow their units with `featurelab.progress.UnitsProgress`: units done and time left per experiment and
+in all, on a bar in a terminal, one line per finished run in a log (docs/experiments.md, "Time left").
 """
 
 from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..claims import TIERS, fmt_error_bar, fmt_margin, has_tier, tier_verdict, verdict
 from ..errors import FeaturelabError
 from ..io import read_json, write_json, write_text
+from ..progress import UnitsProgress
 from .report import page_head
 from .runner import finished_record, resolve_config, run_experiment
 
@@ -34,11 +38,12 @@ END = "<!-- featurelab reproduce --markdown: generated tables end -->"
 
 @dataclass(frozen=True)
 class Variant:
-    """One run of a robustness check: its folder name, master seed and config overrides."""
+    """One run of a robustness check: its folder name, master seed, config overrides and number of units."""
 
     label: str
     seed: int
     overrides: dict
+    units: int = 0
 
 
 def variants(name: str, preset: str, seeds: Sequence[int], overrides: dict | None = None) -> list[Variant]:
@@ -55,9 +60,20 @@ def variants(name: str, preset: str, seeds: Sequence[int], overrides: dict | Non
     _, cfg = resolve_config(name, preset, base, seeds[0])
     if "dtype" in type(cfg).model_fields and cfg.model_dump().get("dtype") != FLOAT64:
         out.append(Variant(FLOAT64, seeds[0], {**base, "dtype": FLOAT64}))
-    for v in out:
-        resolve_config(name, preset, v.overrides, v.seed)
-    return out
+    return [replace(v, units=_unit_count(name, preset, v)) for v in out]
+
+
+def _unit_count(name: str, preset: str, v: Variant) -> int:
+    """The number of units of variant `v`'s run, its config checked (one-line errors)."""
+    exp, cfg = resolve_config(name, preset, v.overrides, v.seed)
+    return len(exp.units(cfg))
+
+
+def _units_found(folder: Path, units: int) -> int:
+    """How many of a run's `units` its `folder` holds finished: all in a finished run, else its units' results."""
+    if (folder / "results.json").is_file():
+        return units
+    return min(units, sum(1 for _ in folder.glob("units/*/result.json")))
 
 
 def run_robustness(
@@ -68,6 +84,7 @@ def run_robustness(
     out: str | Path | None = None,
     echo=print,
     collect: bool = False,
+    meter: UnitsProgress | None = None,
     **run_kwargs,
 ) -> dict:
     """Run `name` at `preset` under each variant (`variants`) in ``out/<label>`` (default
@@ -76,42 +93,49 @@ def run_robustness(
     in an error is recorded with it (its claims count as not reproduced) and the others go on.
     collect: run nothing; read the variants that finished (runs made elsewhere, e.g. in parallel on a
     bigger machine) and record the others as not run.
+    meter: the progress that each finished variant advances (default: one of this experiment's alone, shown
+    as ``run_kwargs["progress"]`` says; none when collecting).
     run_kwargs: passed to `featurelab.runs.run_experiment` (workers, threads, device, progress, ...)."""
-    seeds = list(seeds)
-    todo = variants(name, preset, seeds, overrides)
+    todo = variants(name, preset, list(seeds), overrides)
     root = Path(out) if out is not None else Path("runs") / f"{name}-{preset}-seeds"
-    runs = []
-    for v in todo:
-        folder = root / v.label
-        echo(f"{name} {preset} {v.label}: {folder}")
-        try:
-            if collect and not (folder / "results.json").exists():
-                raise FeaturelabError(f"not run: no finished run in {v.label}/")
-            record = (
-                finished_record(folder)
-                if collect
-                else run_experiment(name, preset, v.overrides, out=folder, seed=v.seed, resume=True, **run_kwargs)
-            )
-            runs.append(
-                {
-                    "label": v.label,
-                    "seed": v.seed,
-                    "dir": v.label,
-                    "claims": record.claims,
-                    "problems": record.problems,
-                    "error": "",
-                }
-            )
-        except FeaturelabError as exc:
-            runs.append(
-                {"label": v.label, "seed": v.seed, "dir": v.label, "claims": [], "problems": "", "error": str(exc)}
-            )
-            echo(f"  error: {exc}")
-    table = robustness_table(name, preset, runs)
-    write_json(root / "robustness.json", table)
-    write_text(root / "robustness.html", page_head(f"{name} robustness") + robustness_html(table) + "</body></html>")
-    echo(f"robustness: {(root / 'robustness.html').resolve()}")
+    own = meter is None
+    if meter is None:
+        progress = False if collect else run_kwargs.get("progress")
+        meter = UnitsProgress({name: sum(v.units for v in todo)}, progress, echo, desc=name)
+    try:
+        runs = [_run_variant(name, preset, v, root / v.label, meter, collect, run_kwargs) for v in todo]
+        table = robustness_table(name, preset, runs)
+        write_json(root / "robustness.json", table)
+        page = page_head(f"{name} robustness") + robustness_html(table) + "</body></html>"
+        write_text(root / "robustness.html", page)
+        meter.say(f"robustness: {(root / 'robustness.html').resolve()}")
+    finally:
+        if own:
+            meter.close()
     return table
+
+
+def _run_variant(name: str, preset: str, v: Variant, folder: Path, meter, collect: bool, run_kwargs: dict) -> dict:
+    """Variant `v` of `name` run in `folder` (or its finished run read, `collect`), timed by `meter`: its run
+    dict for `robustness_table`, with the error that ended it, if any."""
+    meter.say(f"{name} {preset} {v.label}: {folder}")
+    found, ran = _units_found(folder, v.units), 0
+    meter.begin(name, v.label)
+    try:
+        if collect and not (folder / "results.json").exists():
+            raise FeaturelabError(f"not run: no finished run in {v.label}/")
+        record = (
+            finished_record(folder)
+            if collect
+            else run_experiment(name, preset, v.overrides, out=folder, seed=v.seed, resume=True, **run_kwargs)
+        )
+        ran = 0 if collect else v.units - found
+        run = {"claims": record.claims, "problems": record.problems, "error": ""}
+    except FeaturelabError as exc:
+        run = {"claims": [], "problems": "", "error": str(exc)}
+        meter.say(f"  error: {exc}")
+    meter.end(name, v.label, v.units, ran)
+    return {"label": v.label, "seed": v.seed, "dir": v.label, **run}
 
 
 def robustness_table(name: str, preset: str, runs: list[dict]) -> dict:
@@ -287,7 +311,8 @@ def reproduce(
     """`run_robustness` for every registered experiment that needs no local files and has `preset` (or
     those named in `only`), each in ``out/<name>``; then writes ``out/index.json`` and ``out/index.html``.
     Resumable: run it again to finish what an interruption left. collect: run nothing, index the variants
-    that finished (`run_robustness`). Returns the index."""
+    that finished (`run_robustness`). Progress: units done and time left per experiment and in all
+    (`featurelab.progress.UnitsProgress`, as ``run_kwargs["progress"]`` says). Returns the index."""
     from ..experiments import EXPERIMENTS, get_experiment
 
     names = [e.name for e in EXPERIMENTS if e.name not in NEEDS_LOCAL_FILES and preset in e.presets]
@@ -296,11 +321,15 @@ def reproduce(
     if not names:
         raise FeaturelabError(f"preset={preset!r}: no experiment that needs no local files has it")
     root = Path(out)
-    for n in names:  # every config checked before anything runs
-        variants(n, preset, list(seeds))
-    tables = [
-        run_robustness(n, preset, list(seeds), out=root / n, echo=echo, collect=collect, **run_kwargs) for n in names
-    ]
+    units = {n: sum(v.units for v in variants(n, preset, list(seeds))) for n in names}  # every config checked first
+    meter = UnitsProgress(units, False if collect else run_kwargs.get("progress"), echo, desc="reproduce")
+    try:
+        tables = [
+            run_robustness(n, preset, seeds, out=root / n, echo=echo, collect=collect, meter=meter, **run_kwargs)
+            for n in names
+        ]
+    finally:
+        meter.close()
     index = {
         "preset": preset,
         "seeds": list(seeds),
