@@ -174,3 +174,27 @@ def test_escape_circle_claims_state_what_example1_states():
     results["pgd-w64"]["speeds"] = [0.5006, 0.5000015]  # above 1/2 + 1e-6: reported, not a failure
     claims = {x.id: x for x in search_claims(cfg, results, table)}
     assert claims["best-speed-half"].passed
+
+
+def test_circle_claim_reads_fig2_left_and_fails_a_shifted_or_flipped_circle():
+    """circle-data: Example 1's points x_j = (sin(2πj/8), cos(2πj/8)), G_j = (-1)^j, j = 1..8: the second point is
+    (1, 0) with G = +1 and the first (√½, √½) with G = -1. Counting j from 0 (a rotation by one point flips every
+    G against its point), the gradients' other parity, sin and cos swapped, or another N fail it."""
+    import torch
+
+    from featurelab.data.circle import circle_dataset
+    from featurelab.experiments.escape_circle import circle_claim
+
+    data = circle_dataset(8)
+    X, G = data.X_train, -data.Y_train
+    assert X[1].tolist() == [1.0, 0.0] and G[1, 0] == 1.0 and G[0, 0] == -1.0
+    assert torch.allclose(X[0], torch.tensor([0.5**0.5, 0.5**0.5], dtype=torch.float64), atol=1e-15)
+    good = circle_claim(X, G)
+    assert good.passed and good.kind == "identity" and good.id == "circle-data" and good.margin > 0.99
+    flipped = circle_dataset(8, flip=True)
+    assert not circle_claim(flipped.X_train, -flipped.Y_train).passed
+    assert not circle_claim(torch.roll(X, 1, dims=0), G).passed  # j = 0..7
+    assert not circle_claim(X.flip(1), G).passed  # (cos, sin)
+    six = circle_dataset(6)
+    bad = circle_claim(six.X_train, -six.Y_train)
+    assert not bad.passed and bad.margin is None

@@ -6,12 +6,13 @@ Units: one batched projected-GD search (A1) per hidden width, and one batched ra
 per rank-one width. The rank-one speed curve S(φ) is computed in the analysis (closed form).
 quick: widths 2..64, R = 20 restarts, K = 4000 steps (docs/theory/saddle-to-saddle.md §5's quick preset).
 paper: widths 2..128, R = 50 (the reference fractions of §5 are from seed 1 at R = 50).
-Claims: max S(φ) = √2-1 at φ = kπ/4 (a closed form: kind "identity"); best rank-one search speed √2-1;
+Claims: the data are Fig. 2 (left)'s 8 points with alternating gradients, and max S(φ) = √2-1 at φ = kπ/4
+(both checks of the code: kind "identity"); best rank-one search speed √2-1;
 projected GD's best speed is the rank-two 1/2 (the paper "doubts" a faster direction exists: that no run
 exceeds 1/2 is reported, not claimed); success fraction (speed > √2-1 + 1e-3) non-decreasing in width up to
 sampling noise (two binomial standard errors), >= 0.8 at widths >= 64 and <= 0.05 at width 2; every optimum
-found (speed 1/2) has a rank-two first layer (s_2/s_1(W_1) >= 0.5). Figures: S(φ), the projected-GD curves of
-every run (Fig. 2 centre, Fig. 6) and the width sweep (Fig. 2 right).
+found (speed 1/2) has a rank-two first layer (s_2/s_1(W_1) >= 0.5). Figures: the data (Fig. 2 left), S(φ),
+the projected-GD curves of every run (Fig. 2 centre, Fig. 6) and the width sweep (Fig. 2 right).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ HALF_SPEED = Threshold(
 )
 WIDE_SUCCESS = Threshold(0.8, ">=", source="Bantzis et al. 2025 Fig. 2: wide nets succeed; >= 0.8 at w >= 64 ours")
 NARROW_FAILURE = Threshold(0.05, "<=", source="Bantzis et al. 2025 Fig. 2: width 2 almost never succeeds; 0.05 ours")
+PAPER_POINTS = 8  # Example 1 and Fig. 2 (left): N = 8
+CIRCLE_EXACT = Threshold(
+    1e-12, "<=", source="ours: Example 1's points and gradients read to float64 rounding (a check of the code)"
+)
 
 
 class Config(ExperimentConfig):
@@ -223,6 +228,36 @@ def curve_claim(phi: np.ndarray, S: np.ndarray) -> Claim:
     )
 
 
+def paper_circle() -> tuple[np.ndarray, np.ndarray]:
+    """Example 1's data as the paper writes it (Bantzis et al. 2025, arXiv 2505.21722, Example 1, Fig. 2 left),
+    in numpy: ``x_j = (sin(2πj/N), cos(2πj/N))`` and ``G_j = (-1)^j`` for j = 1..N, N = 8; rows are samples
+    (X ``8 x 2``, G ``8 x 1``)."""
+    j = np.arange(1, PAPER_POINTS + 1)
+    X = np.stack([np.sin(2 * np.pi * j / PAPER_POINTS), np.cos(2 * np.pi * j / PAPER_POINTS)], axis=1)
+    return X, ((-1.0) ** j)[:, None]
+
+
+def circle_claim(X: torch.Tensor, G: torch.Tensor) -> Claim:
+    """The searches' data (X ``N x 2``, G ``N x 1``) are Fig. 2 (left)'s: the 8 points of `paper_circle` with
+    their alternating gradients (red G = 1, blue G = -1). Measured: the largest entrywise gap to the paper's
+    formula (inf when N differs). It involves no search: a check of the code."""
+    Xp, Gp = paper_circle()
+    if X.shape != Xp.shape or G.shape != Gp.shape:
+        gap = math.inf
+    else:
+        gap = max(float(np.abs(X.numpy() - Xp).max()), float(np.abs(G.numpy() - Gp).max()))
+    return all_of_claim(
+        "the data are Example 1's, drawn in Fig. 2 (left): N = 8 points x_j = (sin(2πj/8), cos(2πj/8)) on the unit "
+        "circle whose loss gradients G_j = (-1)^j alternate between neighbours: max entrywise |X - X_paper|, "
+        "|G - G_paper|",
+        f"{REF}; Fig. 2 left",
+        [(gap, CIRCLE_EXACT)],
+        measured=f"{gap:.3g} (N = {X.shape[0]})",
+        id="circle-data",
+        kind="identity",
+    )
+
+
 def search_claims(cfg: Config, results: dict[str, dict], table: pd.DataFrame) -> list[Claim]:
     """The claims on what the searches found: A2 tops out at √2-1; projected GD's best is the rank-two 1/2;
     how its success depends on the width (Fig. 2); the optima found have a rank-two first layer."""
@@ -341,6 +376,21 @@ def theorem31_notes(cfg: Config, X, G, pgd: list[tuple[dict, int]]) -> list[str]
     return notes
 
 
+def circle_figure(X: torch.Tensor, G: torch.Tensor):
+    """Fig. 2 (left): the points on the unit circle, red where G = 1 and blue where G = -1."""
+    fig, ax = plt.subplots(figsize=(4, 4))
+    t = np.linspace(0, 2 * np.pi, 200)
+    ax.plot(np.sin(t), np.cos(t), color="0.8", lw=1)
+    g = G[:, 0].numpy()
+    for value, color in ((1.0, "tab:red"), (-1.0, "tab:blue")):
+        pts = X.numpy()[g == value]
+        ax.scatter(pts[:, 0], pts[:, 1], color=color, s=40, zorder=2, label=f"G = {value:+g}")
+    ax.set_aspect("equal")
+    ax.set_title("Fig. 2 left: Example 1's data")
+    ax.legend(fontsize=8, loc="center")
+    return fig
+
+
 def curve_figure(phi: np.ndarray, S: np.ndarray, best_r1: float | None):
     """S(φ) against φ/(π/4), with √2-1, 1/2 and the best rank-one search."""
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
@@ -411,7 +461,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     S = rank_one_curve(phi, cfg.n_points)
     pgd = pgd_runs(results)
     table = sweep_table(cfg, pgd)
-    claims = [curve_claim(phi, S), *search_claims(cfg, results, table)]
+    claims = [curve_claim(phi, S), circle_claim(X, G), *search_claims(cfg, results, table)]
     notes = []
     if cfg.n_points == 8:
         gap = float(np.abs(S - eq6_curve(phi)).max())
@@ -429,7 +479,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             f"No projected-GD run exceeded 1/2 + 1e-6: {best <= 0.5 + 1e-6} (best {best:.10f}); the paper doubts a "
             "faster direction exists but does not exclude one, so this is reported, not claimed."
         )
-    figures = {"rank_one_speed_curve": curve_figure(phi, S, best_r1)}
+    figures = {"circle_data": circle_figure(X, G), "rank_one_speed_curve": curve_figure(phi, S, best_r1)}
     if pgd:
         figures["width_sweep"] = sweep_figure(cfg, pgd, table)
         figures["pgd_curves"] = pgd_figure(cfg, pgd)
