@@ -1,13 +1,17 @@
 """The Ray backend: a sweep run as Ray tasks on a local head (127.0.0.1) gives the local
 backend's results and claims, survives a worker killed mid-sweep (the task is retried), and
-``--resume`` continues a local run on Ray."""
+``--resume`` continues a local run on Ray. The handshake against a head started with token authentication
+reads its versions with the token and refuses a missing or wrong one at once."""
 
 import json
 import os
+import platform
 from pathlib import Path
 
 import pytest
 
+from featurelab.errors import FeaturelabError
+from featurelab.runs.ray_backend import handshake
 from featurelab.runs.runner import run_experiment
 from test_sweep import SEEDS, max_weight_difference
 
@@ -76,3 +80,70 @@ def test_ray_task_that_keeps_dying_is_reported_failed(tmp_path, local_head):
     assert sorted(record["failed"]) == ["s0-lam0", "s0-lam0.01"]
     assert all("ray task failed: " in e and "dies 0 times" in e for e in record["failed"].values())
     assert not remote.all_passed and len(remote.claims) == 2
+
+
+@pytest.fixture(scope="module")
+def token_head():
+    """A Ray head started by ``ray start --head --block`` with ``RAY_AUTH_MODE=token`` on a free port of
+    127.0.0.1 (its own process group, ended at teardown): its address and token, once its GCS answers."""
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    temp = tempfile.mkdtemp(prefix="fl-ray-", dir="/tmp")  # short: Ray's socket paths live under it
+    token = "featurelab-test-token-0123456789abcdef"
+    env = os.environ | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0"}
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}"]
+    command += ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--include-dashboard=false", f"--temp-dir={temp}"]
+    proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setenv("RAY_AUTH_TOKEN", token)
+                    handshake(address, timeout=1)  # its GCS answers and has stated its versions
+                break
+            except FeaturelabError:
+                time.sleep(0.5)
+        else:
+            why = proc.stderr.read().decode()[-300:] if proc.stderr and proc.poll() is not None else "still starting"
+            pytest.skip(f"no Ray head came up on {address} within 90 s: {why}")
+        yield address, token
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.ray
+def test_the_handshake_with_a_real_head_that_requires_a_token(token_head, monkeypatch, tmp_path):
+    """Against Ray's own head: its versions with the token; a missing or wrong token is one line at once, where
+    ``ray.init`` retries for 20 s and then reports a failed connection."""
+    import time
+
+    address, token = token_head
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("pathlib.Path.home", classmethod(lambda cls: tmp_path))  # no ~/.ray/auth_token
+    for env, message in ((None, "requires token authentication"), ("wrong", "refused the token from RAY_AUTH_TOKEN")):
+        if env:
+            monkeypatch.setenv("RAY_AUTH_TOKEN", env)
+        t0 = time.monotonic()
+        with pytest.raises(FeaturelabError, match=message):
+            handshake(address)
+        assert time.monotonic() - t0 < 2
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    head = handshake(address)
+    assert head["ray_version"] == ray.__version__ and head["python_version"] == platform.python_version()

@@ -199,6 +199,7 @@ def test_a_head_that_never_answers_is_refused_within_the_time_bound(fake_ray, he
 def test_a_grpc_server_that_is_no_ray_head_and_a_head_without_versions(fake_ray, head):
     address, _ = head(methods=False)
     assert refused(address)[0].startswith(f"the gRPC server at {address} is not a Ray cluster's head")
+    assert refused(f"ray://{address}")[0].startswith(f"the gRPC server at ray://{address} is not a Ray Client server")
     address, _ = head(versions={})
     assert refused(address)[0].startswith(f"the Ray cluster at {address} does not state its Ray and Python versions")
 

@@ -234,6 +234,11 @@ def refusal(address: str, code: str, details: str, source: str, timeout: float) 
             f"the Ray cluster at {address} accepted the connection but did not answer within {timeout:g} s; check "
             "that its head is running and not overloaded (`ray status` on the head)"
         )
+    if code == "UNIMPLEMENTED" and address.startswith("ray://"):
+        return (
+            f"the gRPC server at {address} is not a Ray Client server (it answers no Ray Client PING); give the "
+            "head's GCS address without ray:// (`ray status` on the head prints it), or the Ray Client server's port"
+        )
     if code == "UNIMPLEMENTED":
         return (
             f"the gRPC server at {address} is not a Ray cluster's head (it serves no Ray handshake); give the "
