@@ -4,7 +4,8 @@ read and a Ray Client server's PING the way Ray's do, checking the ``authorizati
 started with ``RAY_AUTH_MODE=token`` (status UNAUTHENTICATED otherwise). Every refusal is one line naming the
 address and the fix, within the handshake's time bound, including against a head that never answers. The
 `ray` module is faked where Ray is not installed; the wire encoding is checked against Ray's own protobuf
-classes where it is. The scratch folders of killed tasks are removed by the next task."""
+classes where it is. A task's scratch folder is removed when it returns or raises, and those of killed tasks by
+the next task."""
 
 import json
 import os
@@ -249,3 +250,33 @@ def test_scratch_folders_of_killed_tasks_are_removed(tmp_path):
         (folder / "unit").mkdir(parents=True)
     remove_orphans(tmp_path)
     assert not orphan.exists() and live.exists()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_tasks_scratch_folder_is_removed_when_it_returns_or_raises(tmp_path, monkeypatch, fails):
+    """`run_remote` unpacks the unit folders into its scratch folder, runs the item there and packs what it
+    wrote; the folder is gone afterwards, also when the item raises."""
+    from featurelab.runs import ray_backend
+
+    seen = []
+
+    def execute(item):
+        folder = item.folders[0]
+        seen.append(folder.parent)
+        assert (folder / "checkpoint.bin").read_bytes() == b"resume me"  # what the driver sent in
+        (folder / "result.json").write_text("{}")
+        if fails:
+            raise RuntimeError("the unit's own failure")
+        return ["outcome"]
+
+    item = types.SimpleNamespace(units=[{"id": "u"}], with_folders=lambda f: types.SimpleNamespace(folders=f))
+    monkeypatch.setattr(ray_backend, "execute", execute)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    if fails:
+        with pytest.raises(RuntimeError):
+            ray_backend.run_remote(item, [{"checkpoint.bin": b"resume me"}])  # type: ignore[arg-type]
+    else:
+        outcomes, files = ray_backend.run_remote(item, [{"checkpoint.bin": b"resume me"}])  # type: ignore[arg-type]
+        assert outcomes == ["outcome"] and files == [{"checkpoint.bin": b"resume me", "result.json": b"{}"}]
+    assert seen[0].name.startswith(f"{SCRATCH}{os.getpid()}-") and seen[0].parent == tmp_path
+    assert list(tmp_path.iterdir()) == []
