@@ -114,11 +114,11 @@ def test_symmetry_learning_quick_preset_meets_checks_1_to_3(tmp_path):
 def test_path_crossings_counts_proper_crossings_of_different_paths():
     from featurelab.experiments.symmetry_learning import path_crossings
 
-    assert path_crossings([[[0, 0], [1, 1]], [[0, 1], [1, 0]]]) == 1
-    assert path_crossings([[[0, 0], [1, 1], [2, 0]], [[0, 1], [1, 0], [2, 1]]]) == 2
-    assert path_crossings([[[0, 0], [1, 0]], [[0, 1], [1, 1]]]) == 0  # parallel
-    assert path_crossings([[[0, 0], [1, 1], [2, 0], [1, -1]]]) == 0  # one path crossing itself does not count
-    assert path_crossings([[[0, 0], [1, 0]], [[1, 0], [2, 1]]]) == 0  # touching at an end point
+    assert path_crossings(np.array([[[0, 0], [1, 1]], [[0, 1], [1, 0]]])) == 1
+    assert path_crossings(np.array([[[0, 0], [1, 1], [2, 0]], [[0, 1], [1, 0], [2, 1]]])) == 2
+    assert path_crossings(np.array([[[0, 0], [1, 0]], [[0, 1], [1, 1]]])) == 0  # parallel
+    assert path_crossings(np.array([[[0, 0], [1, 1], [2, 0], [1, -1]]])) == 0  # one path crossing itself does not count
+    assert path_crossings(np.array([[[0, 0], [1, 0]], [[1, 0], [2, 1]]])) == 0  # touching at an end point
     # a flow's paths never cross: the radial lines t -> t·x of the map x -> 1.1x
     starts = np.random.default_rng(0).normal(size=(20, 2))
     assert path_crossings(np.stack([starts * 1.1**t for t in range(10)], 1)) == 0
@@ -194,3 +194,29 @@ def test_cor8_tail_rate_and_its_interval():
     assert growing.passed is False and growing.margin == pytest.approx(-1.6, rel=1e-6)
     (falling,) = cor8_claims({**f, "rate": r})
     assert falling.passed and falling.kind == "empirical"
+
+
+def test_fig1_classes_claim_counts_depths_and_fitting_underestimates():
+    """Fig. 1's classes at one λ: a recovering line needs fitting rank-2 nets at >= 2 *depths* (two seeds at one
+    depth are one point of the line), and no *fitting* net may sit below rank 2 (a non-fitting one may: Fig. 1
+    shows them at large depths). One claim per λ, id ``fig1-classes@lam<λ>``."""
+    import pandas as pd
+
+    from featurelab.experiments.bn_rank_depth import Config, classes_claim, depth_claims
+
+    def nets(spec):
+        return pd.DataFrame([{"lam": lam, "depth": L, "k_mid": k, "fits": f, "class": "x"} for lam, L, k, f in spec])
+
+    good = nets([(0.01, 4, 3, True), (0.01, 6, 2, True), (0.01, 9, 2, True), (0.01, 12, 1, False)])
+    c = classes_claim(0.01, good)
+    assert c.passed and c.id == "fig1-classes@lam0.01" and c.premise == ""
+    assert c.margin == pytest.approx(min((2 - 1.5) / 1.5, (0.5 - 0) / 0.5))
+    one_depth = nets([(0.01, 6, 2, True), (0.01, 6, 2, True), (0.01, 9, 3, True)])
+    assert not classes_claim(0.01, one_depth).passed
+    assert classes_claim(0.01, one_depth).margin == pytest.approx((1 - 1.5) / 1.5)
+    under = nets([(0.01, 6, 2, True), (0.01, 9, 2, True), (0.01, 12, 1, True)])
+    assert not classes_claim(0.01, under).passed and classes_claim(0.01, under).margin == pytest.approx(-1.0)
+
+    both = pd.concat([good, under.assign(lam=0.001)], ignore_index=True)
+    ids = [x.id for x in depth_claims(Config.model_validate({}), both, [])]
+    assert "fig1-classes@lam0.01" in ids and "fig1-classes@lam0.001" in ids

@@ -177,8 +177,97 @@ def test_discretization_claims_need_a_resolved_advantage_and_a_bottleneck():
     blurred = ld.advantage_claim(ld.paired_advantage(pd.DataFrame(rows), ["adaptive"]))
     assert blurred.passed is None and "not reproduced at this size" in blurred.reason
 
-    cfg = ld.Config(teacher_dims=[30, 6, 3, 30])
+    cfg = ld.Config.model_validate({"teacher_dims": [30, 6, 3, 30]})
     no_bn = {"mean_free_effective_ranks": [20] * 16}
     assert ld.fig2b_claim(cfg, {"p≈0.3": 18, "p≈0.7": 10}, no_bn).passed is None
     found = ld.fig2b_claim(cfg, {"p≈0.3": 6, "p≈0.7": 4}, {"mean_free_effective_ranks": [20] * 6 + [4] * 10})
     assert found.passed is False and found.margin == pytest.approx(-1.0)  # one rank off: the window's share is −1
+
+
+def test_hgamma_gap_split_separates_the_first_quarter_in_p():
+    """`h_gap_split`: the largest |ĥ_γ − ĥ| over the W_l placed at p_{l-1} < 1/4, and over the rest (p = 1/4
+    included there), from the table's own columns, by an explicit loop."""
+    from featurelab.experiments import leaky_hamiltonian as lh
+
+    p = np.array([0.0, 0.1, 0.2, 0.25, 0.5, 0.75, 0.9])
+    h = np.array([1.0, 2.0, 2.5, 2.9, 3.0, 3.0, 2.8])
+    hg = np.array([4.0, 0.5, 2.4, 1.9, 3.2, 2.9, 2.1])  # a negative difference at p = 0.1, 1.0 at p = 0.25
+    first = max(abs(a - b) for a, b, q in zip(hg, h, p) if q < 0.25)
+    rest = max(abs(a - b) for a, b, q in zip(hg, h, p) if q >= 0.25)
+    got = lh.h_gap_split(pd.DataFrame({"p": p, "h_rescaled": h, "h_gamma_rescaled": hg}))
+    assert got == pytest.approx((first, rest)) and got == pytest.approx((3.0, 1.0))
+
+
+def test_fig1_caption_claims_on_their_thresholds():
+    """ĥ_γ ≈ ĥ except in the first layers: the rest's largest gap <= 0.5 and the first layers' largest gap above
+    it; a gap that sits past p = 1/4 fails even when small everywhere. κ → 0 (<= 0.5) and COI_γ within 1 of k*
+    inside the bottleneck. Margins: the worst condition's, over every L̃ >= 5."""
+    from featurelab.experiments import leaky_hamiltonian as lh
+
+    big = pd.DataFrame({"effective_depth": [5.0, 8.0], "h_gap_first_max": [3.0, 0.6], "h_gap_rest_max": [0.2, 0.3]})
+    ok = lh.hgamma_tracks_h_claim(big)
+    assert ok.passed and ok.premise == "critical"
+    assert ok.margin == pytest.approx(min((0.5 - 0.3) / 0.5, 0.6 / 0.3 - 1))
+    at_output = lh.hgamma_tracks_h_claim(big.assign(h_gap_first_max=[3.0, 0.15]))  # L̃ = 8: the rest's gap larger
+    assert not at_output.passed and at_output.margin == pytest.approx(0.15 / 0.3 - 1)
+    loose = lh.hgamma_tracks_h_claim(big.assign(h_gap_rest_max=[0.2, 0.55]))
+    assert not loose.passed and loose.margin == pytest.approx((0.5 - 0.55) / 0.5)
+    assert not lh.hgamma_tracks_h_claim(big.iloc[:0]).passed  # no L̃ >= 5: nothing measured, no pass
+
+    energies = pd.DataFrame(
+        {"effective_depth": [5.0, 8.0], "kappa_mid_median": [0.3, 0.1], "coi_mid_median": [3.5, 3.2]}
+    )
+    c = lh.bottleneck_energies_claim(3, energies)
+    assert c.passed and c.premise == "" and c.margin == pytest.approx(min((0.5 - 0.3) / 0.5, 1 - 0.5))
+    moving = lh.bottleneck_energies_claim(3, energies.assign(kappa_mid_median=[0.3, 0.8]))
+    assert not moving.passed and moving.margin == pytest.approx((0.5 - 0.8) / 0.5)
+    assert not lh.bottleneck_energies_claim(2, energies).passed  # COI_γ 3.5 is 1.5 above k* = 2
+
+
+def test_step_spread_is_the_variation_of_rms_step_lengths():
+    """`step_spread`: the coefficient of variation of d_l = √(mean_i ‖P_l,i − P_(l-1),i‖²) over the steps: 0 for equal
+    steps; the root mean square over the points, not their mean length (steps (3, 0), (0, 4) give √12.5, not 3.5)."""
+    from featurelab.experiments import leaky_discretization as ld
+
+    line = np.stack([np.stack([[t, 0.0], [t, 1.0]]) for t in range(5)])  # 5 positions x 2 points x 2
+    assert ld.step_spread(line) == pytest.approx(0.0, abs=1e-15)
+    P = np.array([[[0, 0], [0, 0]], [[3, 0], [0, 4]], [[8, 0], [5, 4]]], dtype=float)
+    d = np.array([np.sqrt(12.5), 5.0])
+    assert ld.step_spread(P) == pytest.approx(d.std() / d.mean())
+    assert ld.step_spread(P) != pytest.approx(np.std([3.5, 5.0]) / 4.25)
+
+    uneven = np.cumsum(np.array([0, 4, 1, 1, 4], dtype=float))[:, None, None] * np.ones((1, 2, 2))
+    ref = {"adaptive": {"pca_paths": line}, "equidistant": {"pca_paths": uneven}}
+    cfg = ld.Config.model_validate({"depths": [4, 8], "reference_depth": 8})
+    c = ld.spread_claim(cfg, {**ref, "adaptive": {"pca_paths": line + 0.01 * uneven}})
+    cv_a, cv_e = ld.step_spread(line + 0.01 * uneven), ld.step_spread(uneven)
+    assert c.passed and c.margin == pytest.approx(1 - cv_a / cv_e)
+    swapped = ld.spread_claim(cfg, {"adaptive": {"pca_paths": uneven}, "equidistant": {"pca_paths": line + 0.5}})
+    assert not swapped.passed
+
+
+def test_separation_reads_the_layer_nearest_p07_and_compares_geometric_means():
+    """`separation`: F4's gap of the W_l placed nearest p = 0.7 (positions p_0..p_L: W_l sits at p_(l-1)); the
+    claim compares seed geometric means at the largest and smallest L, and measures nothing where no net reaches
+    F4's gap of 10."""
+    from featurelab.experiments import leaky_discretization as ld
+
+    flat = [1.0] * 6
+    gap = lambda g: [g, g, g, 1.0, 1.0, 1.0]  # noqa: E731  k* = 3 values g, then 1: s_3/s_4 = g
+    r = {
+        "positions": [0.0, 0.25, 0.5, 0.75, 1.0],  # W_4 sits at p_3 = 0.75, the nearest to 0.7
+        "top_singular_values": [flat, flat, gap(1000.0), gap(12.0)],
+        "mean_free_singular_values": [flat, flat, gap(1000.0), gap(12.0)],
+    }
+    assert ld.separation(r, 3) == pytest.approx(12.0)
+
+    rows = [(4, 0, 10.0), (4, 1, 10.0), (8, 0, 4.0), (8, 1, 100.0)]  # geometric means 10 and 20, arithmetic 10, 52
+    sep = pd.DataFrame([{"depth": L, "scheme": "adaptive", "seed": s, "separation": v} for L, s, v in rows])
+    c = ld.separation_claim(sep)
+    assert c.passed and c.margin == pytest.approx(1.0)
+    worse = ld.separation_claim(sep.assign(separation=[20.0, 20.0, 4.0, 25.0]))  # 10 at L = 8 against 20
+    assert not worse.passed and worse.margin == pytest.approx(-0.5)
+    tie = ld.separation_claim(sep.assign(separation=[20.0] * 4))  # as good is not better
+    assert not tie.passed
+    none = ld.separation_claim(sep.assign(separation=[1.1, 1.2, 1.3, 9.9]))
+    assert none.passed is None and "not reproduced at this size" in none.reason

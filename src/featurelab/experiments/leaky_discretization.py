@@ -42,6 +42,19 @@ FIG2B_BOTTLENECK = Threshold(3, "==", atol=0.5, source="Jacot & Kaiser 2024 Fig.
 FIG2B_PLATEAU = Threshold(
     6, "==", atol=0.5, source="Jacot & Kaiser 2024 Fig. 2(b): 'an intermediate dimension' near p = 0.3, read as 6"
 )
+SEPARATION_GROWS = Threshold(
+    1.0,
+    ">",
+    source="Jacot & Kaiser 2024 App. B: 'larger L, which have better separation between large and small singular "
+    "values' (the largest L's separation over the smallest L's > 1)",
+)
+EVENER_STEPS = Threshold(
+    1.0,
+    "<",
+    source="Jacot & Kaiser 2024 Fig. 2(c): adaptive ρ 'appears to better spread out the steps' (its step lengths' "
+    "coefficient of variation over another scheme's < 1)",
+)
+P_PLATEAU, P_BOTTLENECK = 0.3, 0.7  # Fig. 2(b): the intermediate dimension near p = 0.3, the k*-dim bottleneck near 0.7
 SCHEMES = ("equidistant", "irregular", "adaptive")
 
 
@@ -149,12 +162,12 @@ def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
         "effective_ranks": [effective_rank(w, rtol=0.1) for w in W],
         "train_seconds": result.seconds,
     }
+    data = lb.make_data(unit_config(cfg, unit))
+    free = lb.mean_free_layer_weights(model, data.X_train)
+    out["mean_free_singular_values"] = [singular_values(w, 10).tolist() for w in free]
     if unit["depth"] == cfg.reference_depth and unit["seed"] == cfg.seed:
-        data = lb.make_data(unit_config(cfg, unit))
         out["pca_paths"] = pca_paths(model, data.X_train, cfg.pca_points)
-        out["mean_free_effective_ranks"] = [
-            effective_rank(w, rtol=0.1) for w in lb.mean_free_layer_weights(model, data.X_train)
-        ]
+        out["mean_free_effective_ranks"] = [effective_rank(w, rtol=0.1) for w in free]
     return out
 
 
@@ -277,6 +290,11 @@ def advantage_claim(advantage: pd.DataFrame):
     return c
 
 
+def nearest_layer(positions, q: float) -> int:
+    """The 0-based index of the W_l (placed at p_{l-1}; positions p_0..p_L) nearest the position q."""
+    return int(np.argmin(np.abs(np.asarray(positions[:-1], dtype=float) - q)))
+
+
 def figure2b_dimensions(cfg: Config, results: dict[str, dict]) -> dict:
     """Effective rank of the mean-free weights (`lb.mean_free_weights`: the constant input direction removed) of
     the adaptive reference net (L = reference_depth, first seed) at the layers whose p_{l-1} is nearest 0.3 and 0.7
@@ -284,8 +302,8 @@ def figure2b_dimensions(cfg: Config, results: dict[str, dict]) -> dict:
     ref = reference_runs(cfg, results).get("adaptive")
     if ref is None:
         return {}
-    p = np.array(ref["positions"][:-1])
-    return {f"p≈{q}": int(ref["mean_free_effective_ranks"][int(np.argmin(np.abs(p - q)))]) for q in (0.3, 0.7)}
+    ranks, p = ref["mean_free_effective_ranks"], ref["positions"]
+    return {f"p≈{q}": int(ranks[nearest_layer(p, q)]) for q in (P_PLATEAU, P_BOTTLENECK)}
 
 
 def fig2b_claim(cfg: Config, dims: dict, ref: dict):
@@ -312,6 +330,80 @@ def fig2b_claim(cfg: Config, dims: dict, ref: dict):
             f"all above the teacher's inner dimension {inner})"
         )
     return c
+
+
+def separation(r: dict, k: int) -> float:
+    """One net's separation of its k* dominant singular values: F4's gap (`lb.f4_gap`: s_k*/s_k*+1, or the k*+1
+    route when the extra value is the bias direction) of the W_l nearest p = 0.7, where Fig. 2(b) places the
+    k*-dimensional bottleneck (one layer per net, whatever L: a statistic over more layers would favour the deeper
+    nets). `r`: a unit's result (positions, top and mean-free singular values)."""
+    i = nearest_layer(r["positions"], P_BOTTLENECK)
+    return lb.f4_gap(r["top_singular_values"][i], r["mean_free_singular_values"][i], k)
+
+
+def separation_table(cfg: Config, results: dict[str, dict]) -> pd.DataFrame:
+    """One row per net: depth, scheme, seed and its `separation` at k* = the teacher's narrowest inner dimension."""
+    k = lb.bottleneck_rank(cfg)
+    return pd.DataFrame(
+        [
+            {"depth": r["depth"], "scheme": r["scheme"], "seed": r["seed"], "separation": separation(r, k)}
+            for r in results.values()
+        ]
+    )
+
+
+def separation_claim(sep: pd.DataFrame):
+    """App. B: "larger L, which have better separation between large and small singular values". In every scheme,
+    the seed geometric mean of `separation` at the largest L over that at the smallest L is > 1 (gaps are ratios,
+    hence the geometric mean). Margin: the smallest ratio − 1 (`SEPARATION_GROWS`). The statement compares
+    separations that exist: where no net of the sweep reaches F4's clear separation (`lb.F4_GAP`), the claim reads
+    "not reproduced at this size"."""
+    gm = sep.groupby(["scheme", "depth"])["separation"].apply(lambda x: float(np.exp(np.log(x).mean())))
+    small, large = sep["depth"].min(), sep["depth"].max()
+    schemes = sorted(sep["scheme"].unique())
+    c = all_of_claim(
+        f"App. B: larger L separates the k* dominant singular values better: the F4 gap of W_l nearest p = "
+        f"{P_BOTTLENECK:g} (seed geometric mean) is larger at L = {large} than at L = {small}, in every scheme",
+        'Jacot & Kaiser 2024 (arXiv 2405.17573) App. B ("larger L, which have better separation between large and '
+        'small singular values"); docs/theory/leaky-resnets.md §5.3',
+        [(gm[s, large] / gm[s, small], SEPARATION_GROWS) for s in schemes],
+        expected=f"gap(L = {large}) / gap(L = {small}) > 1, every scheme",
+        measured={s: {f"L={small}": gm[s, small], f"L={large}": gm[s, large]} for s in schemes},
+        id="separation-grows-with-depth",
+    )
+    best = float(sep["separation"].max())
+    if not lb.F4_GAP.holds(best):
+        return c.not_measured(
+            f"not reproduced at this size: no net separates its k* values (largest F4 gap {best:.3g} < {lb.GAP:g})"
+        )
+    return c
+
+
+def step_spread(paths) -> float:
+    """How unevenly a net's steps cover its path in Fig. 2(c)'s plane: the coefficient of variation (std/mean over
+    l = 1..L) of the step lengths ``d_l = √(mean_i ‖P_{l,i} − P_{l-1,i}‖²)``, P the (L+1) x n x 2 projected paths
+    (`pca_paths`); 0 when every step is as long."""
+    P = np.asarray(paths, dtype=float)
+    d = np.sqrt(((P[1:] - P[:-1]) ** 2).sum(-1).mean(-1))
+    return float(d.std() / d.mean())
+
+
+def spread_claim(cfg: Config, ref: dict[str, dict]):
+    """Fig. 2(c): "adaptive ρ's appears to better spread out the steps": on the reference nets (L = reference_depth,
+    first seed) the adaptive steps' `step_spread` is below that of every other scheme run (no scheme beats perfectly
+    even steps: a ratio over 0 is inf). Margin: 1 − the largest ratio adaptive/other (`EVENER_STEPS`)."""
+    cv = {s: step_spread(r["pca_paths"]) for s, r in sorted(ref.items())}
+    others = [s for s in cv if s != "adaptive"]
+    return all_of_claim(
+        f"Fig. 2(c): adaptive steps are spread out more evenly along the representation paths (L = "
+        f"{cfg.reference_depth}, top-2 PCA plane): the coefficient of variation of their step lengths is below "
+        f"that of {' and '.join(others)} steps",
+        REF + ' ("adaptive ρs appears to better spread out the steps")',
+        [(cv["adaptive"] / cv[s] if cv[s] > 0 else float("inf"), EVENER_STEPS) for s in others],
+        expected="CV(adaptive) / CV(other) < 1",
+        measured=cv,
+        id="adaptive-steps-spread-out",
+    )
 
 
 def depth_claims(results: dict[str, dict], means: pd.DataFrame) -> list:
@@ -356,11 +448,15 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     advantage = paired_advantage(t, schemes_vs_eq)
     if len(advantage):
         claims.append(advantage_claim(advantage))
+    sep = separation_table(cfg, results)
+    claims.append(separation_claim(sep))
+    ref = reference_runs(cfg, results)
+    if "adaptive" in ref and len(ref) > 1:
+        claims.append(spread_claim(cfg, ref))
     dims = figure2b_dimensions(cfg, results)
     if dims:
-        claims.append(fig2b_claim(cfg, dims, reference_runs(cfg, results)["adaptive"]))
+        claims.append(fig2b_claim(cfg, dims, ref["adaptive"]))
     ranking = means.rank(axis=1).mean().sort_values()
-    ref = reference_runs(cfg, results)
     figures = {"test_error_vs_depth": figure_errors(cfg, t)}
     if ref:
         figures["spectra_along_depth"] = figure_spectra(cfg, ref)
@@ -397,7 +493,13 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     return Analysis(
         claims,
         figures,
-        {"test_errors": t, "means": means.reset_index(), "advantage": advantage, "layers": rank_table},
+        {
+            "test_errors": t,
+            "means": means.reset_index(),
+            "advantage": advantage,
+            "layers": rank_table,
+            "separation": sep,
+        },
         summary,
         notes,
     )

@@ -8,6 +8,8 @@ quick: docs/theory/leaky-resnets.md §5.4 (teacher 10→3→10, N = 256, w = 40,
 leaky-bottleneck's quick schedule (Adam 20k cosine from 6e-3),
 L̃ ∈ {2, 5, 8}; claims Q1-Q7 (Q4 as F4's gap test) and the paper's stronger F1, F4 and F5 (Theorem 4 (b)), which
 may fail at this size (the residual r is reported next to ĥ).
+Both presets: the two statements of Fig. 1 (b)-(d)'s caption at L̃ >= 5, ĥ_γ ≈ ĥ except in the first layers
+(`fig1-hgamma-tracks-h`) and κ → 0, COI_γ → k* inside the bottleneck (`fig1-bottleneck-kappa-coi`).
 paper: docs/theory/leaky-resnets.md §5.2-5.3 (teacher 20→5→20, N = 1000, w = 200, L = 50 adaptive, λ = 0.04 as
 leaky-bottleneck's paper preset, Adam 20k + guarded GD 10k + 500 L-BFGS steps **[ours]**), L̃ ∈ {1, 2, 3, 4, 5, 6, 7.5,
 10}; claims F1-F5 and Fig. 3.
@@ -167,6 +169,7 @@ def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[fl
                 "coi_spread": spread(df["coi_gamma"]),
                 "kappa_spread": spread(df["kappa"]),
                 "h_gap_mid_median": float((mid["h_gamma_rescaled"] - mid["h_rescaled"]).abs().median()),
+                **dict(zip(("h_gap_first_max", "h_gap_rest_max"), h_gap_split(df))),
                 "rank_first": int(df["effective_rank"].iloc[0]),
                 "rank_last": int(df["effective_rank"].iloc[-1]),
                 "B_norm_max": s["B_norm_max"],
@@ -180,6 +183,16 @@ def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[fl
             }
         )
     return pd.DataFrame(rows).sort_values("effective_depth").reset_index(drop=True)
+
+
+def h_gap_split(df: pd.DataFrame) -> tuple[float, float]:
+    """The largest ``|ĥ_γ − ĥ|`` over the first layers (W_l placed at ``p_{l-1} < 1/4``, the quarter before the
+    bottleneck of `lb.bottleneck_layers`) and over the rest (``p_{l-1} >= 1/4``) of one net's `geodesic_diagnostics`
+    table; NaN for an empty side (Jacot & Kaiser 2024, arXiv 2405.17573, Fig. 1 (b)-(d))."""
+    gap = (df["h_gamma_rescaled"] - df["h_rescaled"]).abs()
+    first = df["p"] < FIRST_LAYERS_END
+    head, rest = gap[first], gap[~first]
+    return (float(head.max()) if len(head) else float("nan"), float(rest.max()) if len(rest) else float("nan"))
 
 
 def rise_margin(x) -> float:
@@ -198,6 +211,7 @@ def speed_ratio(df: pd.DataFrame) -> np.ndarray:
 
 
 SPEED_FACTOR = 1.5  # [ours] F5's two sides agree within this factor at every layer
+FIRST_LAYERS_END = 0.25  # "the first layers": W_l placed at p_{l-1} < 1/4, before the bottleneck of F4
 
 # Thresholds of Q1-Q7 (docs/theory/leaky-resnets.md §5.4, our quick-preset checks of Jacot & Kaiser 2024, arXiv
 # 2405.17573, Figs. 1 and 3) and F1-F5, Fig. 3 (§5.3, the paper's observations). "==" windows about k* are given
@@ -214,6 +228,18 @@ KAPPA_AT_ENDS = Threshold(10.0, ">=", source="ours: κ at the ends >= 10x its mi
 COI_MID_NEAR_K = Threshold(0.0, "==", atol=1.0, source="ours: mid-half COI_γ within 1 of k* (§5.3 F5)")
 H_FLAT = Threshold(0.25, "<=", source="ours: ĥ's spread over layers <= 0.25x COI_γ's and κ's (§5.4 Q7, §5.3 F3)")
 H_GAP_MID = Threshold(0.5, "<=", source="ours: mid-half median |ĥ_γ − ĥ| <= 0.5 (§5.3 F3)")
+H_GAP_REST = Threshold(
+    0.5, "<=", source="ours: ĥ_γ within 0.5 of ĥ (half a rank unit) at every layer with p >= 1/4 (Fig. 1 (b)-(d))"
+)
+GAP_AT_INPUT = Threshold(
+    1.0,
+    ">",
+    source="Jacot & Kaiser 2024 Fig. 1 (b)-(d): ĥ_γ departs from ĥ 'in the first layers' (their largest gap "
+    "over the rest's > 1)",
+)
+KAPPA_MID_SMALL = Threshold(
+    0.5, "<=", source="ours: κ → 0 in the bottleneck read as mid-half median κ <= 0.5 rank units (Fig. 1 (b)-(d))"
+)
 BOUNDED = Threshold(10.0, "<=", source="ours: 'of the same order' over L̃ read as max/min <= 10 (§5.3 Fig. 3)")
 SPEED = Threshold(
     float(np.log(SPEED_FACTOR)), "<=", source="ours: Theorem 4 (b)'s two sides within a factor 1.5 (§3.5 (b))"
@@ -238,7 +264,15 @@ def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
         *quick_shape_claims(t),
         f1_claim(k, t),
         f5_speed_claim(t[t["effective_depth"] >= LARGE]),
+        *fig1_profile_claims(k, t),
     ]
+
+
+def fig1_profile_claims(k: int, t: pd.DataFrame) -> list:
+    """The two statements of Fig. 1 (b)-(d)'s caption at L̃ >= 5 (both presets): ĥ_γ ≈ ĥ except in the first
+    layers, and κ → 0, COI_γ → k* inside the bottleneck."""
+    big = t[t["effective_depth"] >= LARGE]
+    return [hgamma_tracks_h_claim(big), bottleneck_energies_claim(k, big)]
 
 
 def hamiltonian_rise_claims(k: int, t: pd.DataFrame) -> list:
@@ -405,6 +439,7 @@ def paper_claims(cfg: Config, t: pd.DataFrame) -> list:
         f5_kinetic_claim(k, big),
         f5_speed_claim(big),
         fig3_claim(t),
+        *fig1_profile_claims(k, t),
     ]
 
 
@@ -476,6 +511,57 @@ def f5_kinetic_claim(k: int, big: pd.DataFrame):
         },
         tolerance="[ours] 1 rank unit",
         id="f5-kinetic-at-ends",
+    )
+
+
+def hgamma_tracks_h_claim(big: pd.DataFrame):
+    """Fig. 1 (b)-(d): "the stable Hamiltonian approximates [ĥ] well - except in the first layers, where the kinetic
+    energy (and COI) blows up". At every L̃ >= 5: ``|ĥ_γ − ĥ| <= 0.5`` at every layer with ``p_{l-1} >= 1/4``
+    (`h_gap_split`), and the first layers' largest gap exceeds the rest's (the departure sits there, as Theorem 4
+    (a)'s bound ``(2/L̃)‖∂_pA‖√γ‖B‖ + γ‖B‖²`` grows with the speed). ĥ is a Hamiltonian of critical points (§3.2):
+    premise "critical". Margin: the smallest of the two conditions' margins over the L̃ (a ratio's is ``ratio − 1``)."""
+    ratio = (big["h_gap_first_max"] / big["h_gap_rest_max"]).to_numpy()
+    return all_of_claim(
+        f"Fig. 1 (b)-(d): at L̃ >= 5, ĥ_γ ≈ ĥ except in the first layers: |ĥ_γ − ĥ| <= {H_GAP_REST.bound:g} at every "
+        f"layer with p >= {FIRST_LAYERS_END:g}, and the largest |ĥ_γ − ĥ| of the layers with p < {FIRST_LAYERS_END:g} "
+        "exceeds that of the rest",
+        FIG1 + ' ("the stable Hamiltonian approximates it well - except in the first layers")',
+        [
+            *((float(v), H_GAP_REST) for v in big["h_gap_rest_max"]),
+            *((float(r), GAP_AT_INPUT) for r in ratio),
+        ],
+        expected=f"<= {H_GAP_REST.bound:g} past p = {FIRST_LAYERS_END:g}; first-layer max / rest max > 1",
+        measured={
+            "max gap p >= 1/4 by L̃": dict(zip(big["effective_depth"], big["h_gap_rest_max"])),
+            "max gap p < 1/4 by L̃": dict(zip(big["effective_depth"], big["h_gap_first_max"])),
+        },
+        tolerance="[ours] half a rank unit",
+        id="fig1-hgamma-tracks-h",
+        premise="critical",
+    )
+
+
+def bottleneck_energies_claim(k: int, big: pd.DataFrame):
+    """Fig. 1 (b)-(d): "inside the bottleneck, the kinetic energy approaches zero and the COI approaches k*". At
+    every L̃ >= 5: the mid-half median κ (rank units) is <= 0.5, so that there ĥ_γ = COI_γ − κ and COI_γ name the same
+    rank, and the mid-half median COI_γ lies within 1 of k* (`COI_MID_NEAR_K`, F5's window). An observation on
+    trained nets (κ and COI_γ need no critical point): no premise. Margin: the smallest of the conditions' margins."""
+    near = COI_MID_NEAR_K.at(k + COI_MID_NEAR_K.bound)
+    return all_of_claim(
+        f"Fig. 1 (b)-(d): at L̃ >= 5, inside the bottleneck κ → 0 and COI_γ → k* = {k}: mid-half median κ <= "
+        f"{KAPPA_MID_SMALL.bound:g} and mid-half median COI_γ within {COI_MID_NEAR_K.atol:g} of k*",
+        FIG1 + ' ("Inside the bottleneck, the kinetic energy approaches zero and the COI approaches k*")',
+        [
+            *((float(v), KAPPA_MID_SMALL) for v in big["kappa_mid_median"]),
+            *((float(c), near) for c in big["coi_mid_median"]),
+        ],
+        expected=f"κ <= {KAPPA_MID_SMALL.bound:g}; |COI_γ − {k}| <= {COI_MID_NEAR_K.atol:g}",
+        measured={
+            "kappa by L̃": dict(zip(big["effective_depth"], big["kappa_mid_median"])),
+            "coi by L̃": dict(zip(big["effective_depth"], big["coi_mid_median"])),
+        },
+        tolerance="[ours] half a rank unit (κ), 1 rank unit (COI_γ)",
+        id="fig1-bottleneck-kappa-coi",
     )
 
 
