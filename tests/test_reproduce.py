@@ -273,3 +273,4 @@ def test_reproduce_in_a_terminal_draws_one_bar_with_the_time_left(tmp_path, monk
     assert "progress:" not in out and f"{SEEDS.name} quick seed-0: " in out  # the runs' folders still listed
     assert "\r" in err and "6/6 units" in err and "all 6/6 units, done" in err
     assert f"{SEEDS.name} seed-0: 1/6 units" in err and "all 1/6 units, ~25s left" in err
+    assert f"{PAIR.name} seed-0: 2/6 units" in err and f"{PAIR.name} 0/4 units, ~20s left" in err  # as it starts

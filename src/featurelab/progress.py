@@ -167,6 +167,7 @@ class UnitsProgress:
 
     def begin(self, part: str, run: str) -> None:
         """Run `run` of `part` starts."""
+        self.bar.set_postfix_str(self.time.status(part), refresh=False)
         self.bar.set_description_str(f"{part} {run}")
         self.time.start()
 
