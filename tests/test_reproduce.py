@@ -17,7 +17,7 @@ from featurelab.config import ExperimentConfig
 from featurelab.experiments import REGISTRY
 from featurelab.experiments.base import Analysis, Experiment
 from featurelab.io import read_json, write_json
-from featurelab.progress import TimeLeft, fmt_duration
+from featurelab.progress import TimeLeft, UnitsProgress, fmt_duration
 from featurelab.runs.reproduce import (
     BEGIN,
     END,
@@ -274,3 +274,19 @@ def test_reproduce_in_a_terminal_draws_one_bar_with_the_time_left(tmp_path, monk
     assert "\r" in err and "6/6 units" in err and "all 6/6 units, done" in err
     assert f"{SEEDS.name} seed-0: 1/6 units" in err and "all 1/6 units, ~25s left" in err
     assert f"{PAIR.name} seed-0: 2/6 units" in err and f"{PAIR.name} 0/4 units, ~20s left" in err  # as it starts
+
+
+def test_the_bar_is_redrawn_while_a_long_run_goes_on(monkeypatch, capsys):
+    """Its elapsed time runs on between finished runs: a thread redraws it every TICK seconds, until closed."""
+    import threading
+    import time
+
+    monkeypatch.setattr(UnitsProgress, "TICK", 0.05)
+    meter = UnitsProgress({"slow": 1}, progress=True)
+    meter.begin("slow", "seed-0")
+    time.sleep(0.5)
+    meter.end("slow", "seed-0", 1, 1)
+    meter.close()
+    assert capsys.readouterr().err.count("slow seed-0: 0/1 units") >= 5  # drawn at start, then ~10 ticks
+    time.sleep(0.2)
+    assert not any(t.name == "featurelab-progress" for t in threading.enumerate())

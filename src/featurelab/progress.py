@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable
 from time import monotonic
 
@@ -149,7 +150,11 @@ class UnitsProgress:
     description, then the elapsed time and the part's and the whole's time left); else, where `progress` is None
     (a log file), one line per finished run through `echo`; nothing where it is False.
 
-    `say` prints a line of the caller's through `echo` without tearing the bar."""
+    `say` prints a line of the caller's through `echo` without tearing the bar. The bar is redrawn every
+    `TICK` seconds by a thread of its own, so that its elapsed time runs on while a long run goes on (the
+    estimate changes when a run finishes)."""
+
+    TICK = 1.0
 
     def __init__(self, totals: dict[str, int], progress: bool | None, echo=print, clock=None, desc: str = "units"):
         self.time = TimeLeft(totals, clock)
@@ -157,6 +162,13 @@ class UnitsProgress:
         self.echo = echo
         total = sum(self.time.totals.values())
         self.bar = progress_bar(total=total, show=self.mode == "bar", desc=desc, bar_format=BAR_FORMAT)
+        self._stop = threading.Event()
+        if self.mode == "bar":
+            threading.Thread(target=self._tick, daemon=True, name="featurelab-progress").start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.TICK):
+            self.bar.refresh()
 
     def say(self, line: str) -> None:
         if self.mode != "bar":
@@ -181,4 +193,5 @@ class UnitsProgress:
             self.echo(f"progress: {part} {run}: {ran} of {units} units run in {fmt_duration(seconds)}; {status}")
 
     def close(self) -> None:
+        self._stop.set()
         self.bar.close()

@@ -13,7 +13,8 @@ and margin, and whether it is *reproduced*: an empirical claim passes under ever
 between the markers `BEGIN` and `END`, leaving the hand-written text around them.
 
 Both follow their units with `featurelab.progress.UnitsProgress`: units done and time left per experiment and
-in all, on a bar in a terminal, one line per finished run in a log (docs/experiments.md, "Time left").
+in all, on a bar in a terminal, one line per finished run in a log (docs/experiments.md, "Time left of
+`featurelab reproduce`").
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class Variant:
 
 def variants(name: str, preset: str, seeds: Sequence[int], overrides: dict | None = None) -> list[Variant]:
     """One `Variant` per seed, plus a float64 one at ``seeds[0]`` where experiment `name`'s config has a
-    ``dtype`` field that the preset (with `overrides`) does not already set to float64. Checked up front:
+    ``dtype`` field that the preset (with `overrides`) does not already set to float64, each with the number
+    of units its run has. Checked up front:
     the seeds (distinct integers >= 0, at least one) and every variant's config (one-line errors)."""
     seeds = list(seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
