@@ -132,3 +132,47 @@ def test_cp_rank_lower_bound_and_reach_tolerance():
     assert not claims["wide-reach-optimum"].passed  # within 1 % of m_low, but not twice as near as width 8
     claims = {x.id: x for x in analyze(cfg, rows(bound * (1 - 1e-6)), None).claims}
     assert not claims["loss-lower-bound"].passed  # below a bound that holds for every network: a bug
+
+
+def test_radial_balance_claim_reads_the_worst_hidden_layer_against_one_percent():
+    """radial-balance: the larger of the hidden layers' radial imbalances against 1%, premise "critical"; a layer
+    at 0.5% passes with margin 0.5, one at 2% fails with margin -1 whichever layer it is."""
+    from featurelab.experiments.forces import balance_claim
+
+    lays = [{"layer": 1, "radial_imbalance": 0.005}, {"layer": 2, "radial_imbalance": 1e-4}]
+    c = balance_claim(lays, "ref")
+    assert c.passed and c.id == "radial-balance" and c.premise == "critical"
+    assert c.margin == pytest.approx(0.5) and "layer 1" in c.statement
+    lays[1]["radial_imbalance"] = 0.02
+    c = balance_claim(lays, "ref")
+    assert not c.passed and c.margin == pytest.approx(-1.0) and "layer 2" in c.statement
+
+
+def test_failed_trials_claim_reads_the_individual_trials_on_the_plateau():
+    """teacher-failed-trials: over the healthy trials at widths >= n*(10%), the largest L_λ/m_inf must exceed 1.1.
+    Here n*(10%) = 8 and m_inf = 0.1: a trial at 0.15 on width 16 (ratio 1.5) passes with margin (1.5 − 1.1)/1.1;
+    the same trial at width 4 (off the plateau) does not count; a collapsed trial is left out, and one trial per
+    width leaves the claim not measured."""
+    import pandas as pd
+
+    from featurelab.experiments.width_plateau import failed_trials_claim
+
+    def rows(extra_width, unhealthy=""):
+        base = [(w, 0, 1.0 if w == 1 else 0.15 if w < 8 else 0.1) for w in (1, 2, 4, 8, 16, 32)]
+        rs = [{"id": f"t-w{w}-t{t}", "width": w, "trial": t, "loss": x, "unhealthy": ""} for w, t, x in base]
+        rs.append(
+            {"id": f"t-w{extra_width}-t1", "width": extra_width, "trial": 1, "loss": 0.15, "unhealthy": unhealthy}
+        )
+        return pd.DataFrame(rs)
+
+    c = failed_trials_claim(rows(16), 0.1, 8)
+    assert c.passed is True and c.id == "teacher-failed-trials" and c.premise == ""
+    assert c.margin == pytest.approx((1.5 - 1.1) / 1.1)
+    assert set(c.units) == {"t-w8-t0", "t-w16-t0", "t-w32-t0", "t-w16-t1"}
+    c = failed_trials_claim(rows(4), 0.1, 8)
+    assert c.passed is False and c.margin == pytest.approx((1.0 - 1.1) / 1.1)
+    c = failed_trials_claim(rows(16, "collapsed: constant output"), 0.1, 8)
+    assert c.passed is False and "t-w16-t1" not in c.units
+    one = rows(16)
+    c = failed_trials_claim(one[one["trial"] == 0], 0.1, 8)
+    assert c.passed is None and "one trial" in c.reason

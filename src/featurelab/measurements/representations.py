@@ -236,6 +236,45 @@ def layer_forces(
     return out
 
 
+class RadialForces(NamedTuple):
+    """The forces of one hidden layer along each neuron's own ray (`radial_forces`); ``n_l`` entries each.
+
+    attraction: ``⟨F^att[:, i], Z[:, i]⟩ = -2λ‖w_i^min‖²`` (<= 0), w_i^min row i of ``W^min_l``.
+    repulsion:  ``⟨F^rep[:, i], Z[:, i]⟩ = 2λ‖v_i^min‖²`` (>= 0), v_i^min column i of ``W^min_{l+1}``.
+    alive: neurons with ``‖σ(Z[:, i])‖ > 1e-6·max_j ‖σ(Z[:, j])‖`` (as `featurelab.measurements.sparsity.ray_share`).
+    """
+
+    attraction: torch.Tensor
+    repulsion: torch.Tensor
+    alive: torch.Tensor
+
+
+def radial_forces(F: LayerForces) -> RadialForces:
+    """Attraction and repulsion on each neuron of a hidden layer, along its ray ``Z[:, i]`` (Z ``N x n_l``).
+
+    Jacot, Golikov, Hongler, Gabriel 2022 (arXiv 2205.15809, §3.1 on Fig. 1): a neuron is stable when its
+    attraction and repulsion cancel. Scaling neuron i, ``Z[:, i] → cZ[:, i]``, keeps every kink, every column
+    space and (with ``v_i → v_i/c``) the next layer, for any positively homogeneous σ: the one direction always
+    feasible, even where ``K^σ`` is singular and full balance holds only along feasible directions. The
+    derivative of L^rep along it is ``-(attraction_i + repulsion_i)``, and at a critical point of L_λ it
+    vanishes: ``attraction_i + repulsion_i = 2λ(‖v_i^min‖² - ‖w_i^min‖²) = 0``, the balance of each neuron's
+    incoming and outgoing weights. Rows of F are samples; the output layer has no repulsion of this kind."""
+    att = (F.attraction * F.Z).sum(0)
+    rep = (F.repulsion * F.Z).sum(0)
+    act = torch.relu(F.Z).norm(dim=0)
+    return RadialForces(att, rep, act > 1e-6 * act.max())
+
+
+def radial_imbalance(F: LayerForces) -> float:
+    """``Σ_i |attraction_i + repulsion_i| / Σ_i |attraction_i|`` over the alive neurons of `radial_forces`: 0 at a
+    critical point of L_λ, the neurons' radial forces weighted by their attraction ``2λ‖w_i^min‖²``; NaN with no
+    alive neuron."""
+    r = radial_forces(F)
+    att, rep = r.attraction[r.alive], r.repulsion[r.alive]
+    total = float(att.abs().sum())
+    return float((att + rep).abs().sum()) / total if total > 0 else float("nan")
+
+
 def principal_view(F: LayerForces, view: str = "datapoint", k: int = 2, max_points: int = 500):
     """Coordinates and arrows of Figure 1 (Part 3 §2 "Visualization"): uncentered top-k directions.
 
