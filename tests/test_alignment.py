@@ -239,3 +239,42 @@ def test_tail_bound_holds_behind_a_tanh_g_under_gd():
         progress=False,
     )
     assert len(margins) > 10 and min(margins) >= -1e-3
+
+
+def test_conv_tail_net_chains_theorem2_through_its_conv_and_resnetfree_stages():
+    """`conv_tail_net`: the ReLU conv g ends the chain, and the limits of eq. (14) follow from the switch costs in
+    closed form: block r = 2, FC after the stride-2 conv min(c = 4, S = 2·2) = 4, conv 4→4 min(4, 3·3) = 4, so
+    ρ = 1, 1/2, 1/8, 1/32 at stages 5, 4, 2, 1 (the paper-style 1, 1/8, 1/8, 1/72 with 8 per block, 1 after a conv,
+    k_h k_w = 9 per conv). A g counted as linear, or a wrong switch cost, changes the list."""
+    from featurelab.experiments.alignment import conv_tail_net
+
+    net = conv_tail_net(0.5, 1)
+    consts = {c.stage: c for c in theorem2_constants(net)}
+    assert sorted(consts) == [1, 2, 4, 5, 6]
+    assert [consts[k].rho for k in (6, 5, 4, 2, 1)] == pytest.approx([1, 1, 1 / 2, 1 / 8, 1 / 32])
+    assert [consts[k].rho_paper for k in (6, 5, 4, 2, 1)] == pytest.approx([1, 1, 1 / 8, 1 / 8, 1 / 72])
+
+
+def test_conv_claim_holds_under_gd_and_fails_a_ratio_below_its_bound():
+    """theorem2-bound-conv-resnet on 60 GD steps of `conv_tail_net` (the invariants drift by O(η²) only): every
+    stage but the last stays above its bound, the last (the vector w, ratio = bound = 1) is left out. A history whose
+    stage-2 ratio dips 0.01 below its bound fails it by 0.01 − 0.005 (the GD slack)."""
+    from featurelab.experiments.alignment import Config, conv_claim, conv_results, run_unit
+
+    class Ctx:
+        device, progress = "cpu", False
+
+    cfg = Config(conv_steps=60, log_every=20)
+    res = run_unit(cfg, {"id": "conv-seed0", "seed": 0, "g": "conv"}, Ctx())
+    found = conv_results({"conv-seed0": res})
+    assert sorted(found["stages"]) == ["1", "2", "4", "5"]
+    c = conv_claim(found, 1)
+    assert (
+        c.passed
+        and c.id == "theorem2-bound-conv-resnet"
+        and c.margin == pytest.approx(found["min_bound_margin"] + 0.005)
+    )
+    hist = res["history"]
+    hist["ratio_s2"] = [b - 0.01 for b in hist["bound_s2"]]
+    c = conv_claim(conv_results({"conv-seed0": res}), 1)
+    assert not c.passed and c.margin == pytest.approx(-0.005)

@@ -33,7 +33,8 @@ from ..measurements.alignment import (
     theorem2_constants,
 )
 from ..measurements.ranks import stable_rank
-from ..models import MLP
+from ..models import MLP, Conv, Dense, Flatten, ResBlock
+from ..models.residual import HomogeneousNet
 from ..training import Phase, TrainConfig, train
 from ..training.health import training_health
 from .base import Analysis, Experiment
@@ -58,6 +59,11 @@ class Config(ExperimentConfig):
     log_every: int = Field(50, ge=1)
     seeds: list[int] = Field([0, 1, 2], min_length=1)
     tanh_seeds: list[int] = Field([0])
+    conv_seeds: list[int] = Field([0])  # one more run each: the conv and ResNetFree tail of `conv_tail_net`
+    conv_steps: int = Field(500, ge=1)
+    conv_lr: float = Field(0.1, gt=0)
+    conv_init_scale: float = Field(0.5, gt=0)
+    conv_n_train: int = Field(64, ge=2)
     n_train: int = Field(200, ge=2)
     d: int = Field(10, ge=1)
     margin: float = Field(0.1, ge=0)
@@ -65,15 +71,52 @@ class Config(ExperimentConfig):
 
 PRESETS = {
     "quick": {},
-    "tiny": {"steps": 1500, "seeds": [0], "n_train": 64, "init_scale": 0.5},
+    "tiny": {"steps": 1500, "seeds": [0], "n_train": 64, "init_scale": 0.5, "conv_steps": 300},
     "paper": {"init_scale": 0.1, "steps": 50000, "log_every": 500},
 }
 
 
 def units(cfg: Config) -> list[dict]:
-    """One unit per seed and activation; the master seed shifts every unit's seed by 1000·cfg.seed."""
+    """One unit per seed and activation (and one per conv seed); the master seed shifts every unit's seed by
+    1000·cfg.seed."""
     relu = [{"id": f"seed{s}", "seed": 1000 * cfg.seed + s, "g": "relu"} for s in cfg.seeds]
-    return relu + [{"id": f"tanh-seed{s}", "seed": 1000 * cfg.seed + s, "g": "tanh"} for s in cfg.tanh_seeds]
+    conv = [{"id": f"conv-seed{s}", "seed": 1000 * cfg.seed + s, "g": "conv"} for s in cfg.conv_seeds]
+    return relu + [{"id": f"tanh-seed{s}", "seed": 1000 * cfg.seed + s, "g": "tanh"} for s in cfg.tanh_seeds] + conv
+
+
+CONV_INPUT = (2, 4, 4)  # channels x height x width of `conv_tail_net`'s input (d = 32)
+
+
+def conv_tail_net(init_scale: float, seed: int) -> HomogeneousNet:
+    """Theorem 2's setting with conv and ResNetFree layers (Le & Jegelka 2022, arXiv 2201.11968, Theorem 2,
+    eqs. (13)-(14)): g = a ReLU conv 2→4 (3 x 3, padding 1), then linear layers M_1, M_2 = conv 4→4 (3 x 3,
+    padding 1) and conv 4→4 (stride 2), flattened to 16, FC 16→8, a linear ResNetFree block (a = c = 8, b = 6),
+    and w = FC 8→1; bias-free, float64, N(0, s²/fan_in). Input ``N x 32``, rows read as 2 x 4 x 4 images."""
+    kw = {"generator": torch.Generator().manual_seed(seed), "init_scale": init_scale}
+    return HomogeneousNet(
+        [
+            Conv(2, 4, 3, padding=1, leak=0.0, **kw),
+            Conv(4, 4, 3, padding=1, leak=1.0, **kw),
+            Conv(4, 4, 3, stride=2, padding=1, leak=1.0, **kw),
+            Flatten(),
+            Dense(16, 8, 1.0, **kw),
+            ResBlock("free", 8, 6, 8, sigma_in="linear", sigma_out="linear", **kw),
+            Dense(8, 1, 1.0, **kw),
+        ],
+        input_shape=CONV_INPUT,
+    )
+
+
+class StageLog:
+    """on_log for `conv_tail_net`: per stage k of the linear tail (numbered as `theorem2_constants`), ratio_s<k>,
+    the derived bound bound_s<k> and the paper-style paper_bound_s<k>, constants at init."""
+
+    def __init__(self, model):
+        self.constants = theorem2_constants(model)
+
+    def on_log(self, step, model, row):
+        for stage, (ratio, bound, paper) in theorem2_bounds(model, self.constants).items():
+            row[f"ratio_s{stage}"], row[f"bound_s{stage}"], row[f"paper_bound_s{stage}"] = ratio, bound, paper
 
 
 class TailLog:
@@ -114,7 +157,13 @@ class AlignmentLog:
             row[f"align_{j}_{k}"] = a
 
 
-def run_unit(cfg: Config, unit: dict, ctx) -> dict:
+def unit_setup(cfg: Config, unit: dict):
+    """The unit's data, net, logger, steps and learning rate: the MLP of the module docstring (ReLU or tanh g), or
+    `conv_tail_net` on 2 x 4 x 4 images."""
+    if unit.get("g") == "conv":
+        data = separable(cfg.conv_n_train, 0, math.prod(CONV_INPUT), cfg.margin, seed=unit["seed"])
+        model = conv_tail_net(cfg.conv_init_scale, unit["seed"] + 1)
+        return data, model, StageLog(model), cfg.conv_steps, cfg.conv_lr
     data = separable(cfg.n_train, 0, cfg.d, cfg.margin, seed=unit["seed"])
     depth = len(cfg.widths) + 1
     model = MLP(
@@ -130,23 +179,31 @@ def run_unit(cfg: Config, unit: dict, ctx) -> dict:
         dtype=torch.float64,
     )
     log = TailLog(model, depth - cfg.linear_tail) if unit.get("g") == "tanh" else AlignmentLog(model)
+    return data, model, log, cfg.steps, cfg.lr
+
+
+def run_unit(cfg: Config, unit: dict, ctx) -> dict:
+    data, model, log, steps, lr = unit_setup(cfg, unit)
     tc = TrainConfig(
         objective="logistic",
         lam=0.0,
-        phases=[Phase(optimizer="sgd", lr=cfg.lr, steps=cfg.steps)],
+        phases=[Phase(optimizer="sgd", lr=lr, steps=steps)],
         log_every=cfg.log_every,
     )
     result = train(model, data, tc, device=ctx.device, callbacks=[log], progress=ctx.progress)
     hist = result.history
     keep = [c for c in hist.columns if c.split("_")[0] in ("ratio", "fro", "bound", "paper", "align")]
-    below = hist.index[hist["loss"] < math.log(2) / cfg.n_train]
-    return {
+    below = hist.index[hist["loss"] < math.log(2) / len(data.X_train)]
+    out = {
         "history": hist[["step", "loss", "train_error", *keep]].to_dict(orient="list"),
         "g": unit.get("g", "relu"),
         "risk_condition_step": int(hist["step"][below[0]]) if len(below) else None,
         "seconds": result.seconds,
         "unhealthy": training_health(model, data, "logistic", hist),
     }
+    if isinstance(log, StageLog):
+        out["limits"] = {str(c.stage): {"rho": c.rho, "rho_paper": c.rho_paper} for c in log.constants}
+    return out
 
 
 def final_table(results: dict[str, dict], depth: int, pairs: list) -> tuple[pd.DataFrame, list[float]]:
@@ -231,6 +288,20 @@ def bound_claim(statement: str, reference: str, worst: float, cid: str):
     )
 
 
+def conv_claim(found: dict, runs: int):
+    """Theorem 2 eq. (13) with conv layers and a ResNetFree block (`conv_tail_net`), from `conv_results`."""
+    return bound_claim(
+        f"Theorem 2 eq. (13) for linear conv layers and a linear ResNetFree block behind a ReLU conv g ({runs} run(s)"
+        f", stages {sorted(map(int, found['stages']))}: conv, conv with stride 2, FC after the conv, the block): "
+        "each stage's ‖B_k‖²_op/‖B_k‖²_F stays >= ρ_k − (E_k + ρ_k f_k)/‖B_k‖²_F at every log, with the switch costs "
+        "r = min(c_in, k_h k_w) (conv), min(c, S) (FC after a conv), 2 (ResNetFree) and constants at init; "
+        "min (ratio − bound)",
+        "Le & Jegelka 2022 (arXiv 2201.11968) Theorem 2 eqs. (13)-(14); docs/theory/invariances.md §4 steps 1-5",
+        found["min_bound_margin"],
+        "theorem2-bound-conv-resnet",
+    )
+
+
 def tanh_results(tanh: dict[str, dict], tail: list[int], pairs: list) -> dict:
     """The tanh runs' last tail ratios and alignments, and the smallest ``ratio − bound`` over their logs."""
     t_margin, t_ratio, t_align = [], [], []
@@ -240,6 +311,23 @@ def tanh_results(tanh: dict[str, dict], tail: list[int], pairs: list) -> dict:
         t_ratio += [float(h[f"ratio_{k}"].iloc[-1]) for k in tail[:-1]]
         t_align += [float(h[f"align_{j}_{k}"].iloc[-1]) for j, k in pairs]
     return {"tail_ratio": t_ratio, "alignment": t_align, "min_bound_margin": min(t_margin)}
+
+
+def conv_results(conv: dict[str, dict]) -> dict:
+    """The conv-tail runs (`conv_tail_net`): the smallest ``ratio − bound`` over logs and tail stages but the last (the
+    vector w: ratio = bound = 1), the same for the paper-style bound, and per stage the last ratio beside the limits
+    ρ_k (derived) and 1/(8^{N_k}Π d_j) (paper-style) that eq. (14) bounds its liminf by."""
+    margins, paper, stages = [], [], {}
+    for res in conv.values():
+        h = pd.DataFrame(res["history"])
+        keys = sorted(int(c.split("_s")[1]) for c in h.columns if c.startswith("bound_s"))
+        for k in keys[:-1]:
+            margins.append(float((h[f"ratio_s{k}"] - h[f"bound_s{k}"]).min()))
+            paper.append(float((h[f"ratio_s{k}"] - h[f"paper_bound_s{k}"]).min()))
+            stages.setdefault(str(k), []).append(
+                {"last_ratio": float(h[f"ratio_s{k}"].iloc[-1]), **res["limits"][str(k)]}
+            )
+    return {"min_bound_margin": min(margins), "min_paper_bound_margin": min(paper), "stages": stages}
 
 
 def alignment_figure(results: dict[str, dict], depth: int, tail: list[int], pairs: list):
@@ -268,7 +356,8 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     tail = list(range(depth - cfg.linear_tail + 1, depth + 1))  # 1-based layers of the linear tail
     pairs = list(zip(tail[:-1], tail[1:]))
     tanh = {u: r for u, r in results.items() if r.get("g") == "tanh"}
-    results = {u: r for u, r in results.items() if u not in tanh}
+    conv = {u: r for u, r in results.items() if r.get("g") == "conv"}
+    results = {u: r for u, r in results.items() if u not in tanh and u not in conv}
     table, margins = final_table(results, depth, pairs)
     claims = alignment_claims(table, margins, tail, pairs)
     summary = {
@@ -288,6 +377,9 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
                 "theorem2-bound-tanh",
             )
         )
+    if conv:
+        summary["conv_resnet"] = conv_results(conv)
+        claims.append(conv_claim(summary["conv_resnet"], len(conv)))
     notes = [
         "ReLU-layer ratios are reported, not claimed. The paper-style bound (factors 8^{N_k}, k_h·k_w) is in "
         "the table beside the derived one; for an all-FC tail both are 1 - D_k/‖W_k‖²_F.",
