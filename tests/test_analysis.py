@@ -4,6 +4,7 @@ function-preserving rescaling, scalar-output Jacobians, frozen parameters in the
 models, one-line errors, the tracker and the command line."""
 
 import sys
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -158,17 +159,19 @@ def test_conv_net_kernels_and_image_inputs(data):
     torch.manual_seed(3)
     conv = nn.Sequential(nn.Conv2d(1, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(6 * 16, 10))
     res = fl.analyze(conv, X.reshape(-1, 1, 8, 8), Y)
-    K = conv[0].weight.detach().double()
+    first, last = conv[0], conv[4]
+    assert isinstance(first, nn.Conv2d) and isinstance(last, nn.Linear)
+    K = first.weight.detach().double()
     assert res.layers["matrix"][0] == "6x9" and res.layers["shape"][0] == "6x1x3x3"
     assert_row(res.layers.iloc[0], K.reshape(6, -1).numpy())
     # alignment with the Linear after Flatten: v = top eigenvector of Σ_p W[:, :, p]ᵀ W[:, :, p] (channel Gram)
-    W = conv[4].weight.detach().double().reshape(10, 6, 16)
+    W = last.weight.detach().double().reshape(10, 6, 16)
     G = torch.einsum("ocp,odp->cd", W, W)
     v = torch.linalg.eigh(G)[1][:, -1]
     u = torch.linalg.svd(K.reshape(6, -1))[0][:, 0]
     assert res.layers["alignment"][0] == pytest.approx(float((u @ v).abs()), abs=1e-10)
     # per-channel balancedness: ‖kernel_c‖² + b_c² − Σ_p ‖W[:, c, p]‖²
-    incoming = (K.reshape(6, -1) ** 2).sum(1) + conv[0].bias.detach().double() ** 2
+    incoming = (K.reshape(6, -1) ** 2).sum(1) + first.bias.detach().double() ** 2
     assert np.allclose(res.balance["0"], (incoming - (W**2).sum((0, 2))).numpy(), atol=1e-12)
     rep = res.representations
     assert list(rep["shape"]) == ["1x8x8", "6x8x8", "10"]
@@ -266,10 +269,12 @@ def test_one_line_errors(data):
         def forward(self, x):
             return {"logits": self.lin(x)}
 
+    not_a_module: Any = "model"  # the wrong type on purpose: analyze must refuse it in one line
+
     cases = [
         (lambda: fl.analyze(DictOut(), X), "returned a dict"),
         (lambda: fl.analyze(nn.Sequential(nn.Conv2d(1, 2, 3)), X), "N x c x H x W"),
-        (lambda: fl.analyze("model"), "nn.Module"),
+        (lambda: fl.analyze(not_a_module), "nn.Module"),
         (lambda: fl.analyze(nn.ReLU()), "no weight matrix"),
         (lambda: fl.analyze(seq_mlp(), X, torch.zeros(3)), "Y has 3 rows"),
     ]
@@ -319,6 +324,7 @@ def test_balance_drift_is_first_order_in_the_step(gen):
             ((net(X) - Y) ** 2).mean().backward()
             with torch.no_grad():
                 for p in net.parameters():
+                    assert p.grad is not None  # backward() reached every parameter
                     p -= eta * p.grad
         drifts.append(tracker.balance_drift()["drift"].iloc[-1])
     assert 0 < drifts[1] < 1e-2
@@ -345,12 +351,14 @@ def test_cli_safetensors_and_factory(tmp_path, monkeypatch, capsys):
     monkeypatch.delitem(sys.modules, "mynets", raising=False)
     torch.manual_seed(0)
     seq = nn.Sequential(nn.Linear(64, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU(), nn.Linear(12, 10))
+    first, last = seq[0], seq[4]
+    assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
     save_file(seq.state_dict(), str(tmp_path / "w.safetensors"))
     assert main(["analyze", "w.safetensors", "--out", "weights"]) == 0
     table = pd.read_csv(tmp_path / "weights" / "tables" / "layers.csv")
     assert len(table) == 3 and (tmp_path / "weights" / "report.html").exists()
-    assert table["sv1"][2] == pytest.approx(np.linalg.svd(seq[4].weight.detach().double().numpy())[1][0], rel=1e-6)
-    assert table["bias_sq"][0] == pytest.approx(float((seq[0].bias.detach().double() ** 2).sum()), rel=1e-6)
+    assert table["sv1"][2] == pytest.approx(np.linalg.svd(last.weight.detach().double().numpy())[1][0], rel=1e-6)
+    assert table["bias_sq"][0] == pytest.approx(float((first.bias.detach().double() ** 2).sum()), rel=1e-6)
     assert main(["analyze", "mynets:make", "--data", "digits", "--n", "200", "--out", "fac"]) == 0
     reps = pd.read_csv(tmp_path / "fac" / "tables" / "representations.csv")
     assert list(reps["name"]) == ["input", "1", "3", "output"] and (tmp_path / "fac" / "report.html").exists()
