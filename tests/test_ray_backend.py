@@ -136,7 +136,7 @@ def test_the_handshake_with_a_real_head_that_requires_a_token(token_head, monkey
     address, token = token_head
     for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr("pathlib.Path.home", classmethod(lambda cls: tmp_path))  # no ~/.ray/auth_token
+    monkeypatch.setattr("pathlib.Path.home", staticmethod(lambda: tmp_path))  # no ~/.ray/auth_token
     for env, message in ((None, "requires token authentication"), ("wrong", "refused the token from RAY_AUTH_TOKEN")):
         if env:
             monkeypatch.setenv("RAY_AUTH_TOKEN", env)

@@ -9,6 +9,7 @@ the next task."""
 
 import json
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -79,7 +80,7 @@ def fake_ray(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", module)
     for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS", "RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr("pathlib.Path.home", classmethod(lambda cls: cls("/nonexistent-home")))
+    monkeypatch.setattr("pathlib.Path.home", staticmethod(lambda: pathlib.Path("/nonexistent-home")))
     monkeypatch.setattr("platform.python_version", lambda: "3.11.7")
     return module
 
@@ -149,7 +150,7 @@ def test_the_handshake_reads_the_heads_versions_with_the_token(fake_ray, head, m
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
     (tmp_path / ".ray").mkdir()
     (tmp_path / ".ray" / "auth_token").write_text("s3cret")  # Ray's default place
-    monkeypatch.setattr("pathlib.Path.home", classmethod(lambda cls: tmp_path))
+    monkeypatch.setattr("pathlib.Path.home", staticmethod(lambda: tmp_path))
     assert handshake(address) == VERSIONS
 
 
