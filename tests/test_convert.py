@@ -54,12 +54,16 @@ def test_linear_tail_and_bias_amount(gen):
         for W in half.weights:
             W[:, -1] = torch.randn(W.shape[0], generator=gen, dtype=torch.float64)
     back = fl.to_torch(half)
-    assert torch.allclose(back[0].bias, 0.5 * half.weights[0][:, -1]) and torch.allclose(back(X), half(X), atol=1e-12)
+    first = back[0]
+    assert isinstance(first, nn.Linear)
+    assert torch.allclose(first.bias, 0.5 * half.weights[0][:, -1]) and torch.allclose(back(X), half(X), atol=1e-12)
 
 
 def test_mixed_biases_become_zero_columns(gen):
     seq = chain(gen, nn.ReLU)
-    seq[2].bias = None
+    second = seq[2]
+    assert isinstance(second, nn.Linear)
+    second.bias = None  # a Linear without bias, as nn.Linear(..., bias=False) builds it
     mlp = fl.from_torch(seq)
     X = torch.randn(8, 5, generator=gen, dtype=torch.float64)
     assert torch.equal(mlp.weights[1][:, -1], torch.zeros(6, dtype=torch.float64))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, overload
 
 import torch
+from torch import nn
 
 from ..checks import as_matrix, non_negative, positive, renamed, same_rows
 from ..errors import FeaturelabError
@@ -172,7 +173,7 @@ def representation_loss(
     return RepresentationLoss(cost + lam * sum(norms), cost, norms, weights, ranks, conds)
 
 
-def regularized_loss(model: MLP, X, Y, lam: float, *, objective: str | None = None) -> float:
+def regularized_loss(model: MLP | nn.Sequential, X, Y, lam: float, *, objective: str | None = None) -> float:
     """L_λ(θ) = C(f_θ(X)) + λ‖θ‖² in float64 (Part 3 §1), the loss the trainer minimizes."""
     model = as_mlp(model)
     X, Y = check_inputs(model, X, Y)
@@ -201,7 +202,7 @@ class LayerForces(Result):
 
 
 def layer_forces(
-    model: MLP, X, Y, lam: float, *, objective: str | None = None, rtol: float = RTOL
+    model: MLP | nn.Sequential, X, Y, lam: float, *, objective: str | None = None, rtol: float = RTOL
 ) -> list[LayerForces]:
     """Attraction and repulsion on every layer's representation, explicit formulas (Part 3 §2 "Forces").
 
@@ -304,7 +305,7 @@ class CovariancePair(Result):
     K_sigma: torch.Tensor
 
 
-def covariance_pairs(model: MLP, X) -> list[CovariancePair]:
+def covariance_pairs(model: MLP | nn.Sequential, X) -> list[CovariancePair]:
     """(K_l, K^σ_l) of every hidden layer l = 1..L-1 on X (``N x d_in``), float64 (Part 3 §3 "Grams").
 
     Needs a positively homogeneous σ (Reformulation 2). ``Tr[K_l (K^σ_{l-1})⁺]`` summed over layers is

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import pandas as pd
 import torch
+from torch import nn
 
 from ..checks import int_at_least, nonempty, positive, renamed
 from ..errors import FeaturelabError
@@ -48,7 +49,7 @@ def _replace_layer(weights, l: int, W_in: torch.Tensor, W_out: torch.Tensor, bia
 
 # ------------------------------------------------------------------------------ 5a: merge
 @renamed(tol="atol")
-def merge_aligned_neurons(model: MLP, X, *, atol: float = 1e-9) -> tuple[MLP, pd.DataFrame]:
+def merge_aligned_neurons(model: MLP | nn.Sequential, X, *, atol: float = 1e-9) -> tuple[MLP, pd.DataFrame]:
     """Delete dead neurons and merge neurons with proportional σ-vectors (docs/theory/sparsity.md §5a).
 
     In each hidden layer (in order), neurons whose σ-vectors ``a_i = σ(Z_l)[:, i]`` have cosine >= 1 - atol
@@ -183,7 +184,7 @@ def caratheodory_weights(null: torch.Tensor) -> torch.Tensor:
     return a
 
 
-def caratheodory_reduce(model: MLP, X, *, rtol: float = NULL_RTOL) -> tuple[MLP, pd.DataFrame]:
+def caratheodory_reduce(model: MLP | nn.Sequential, X, *, rtol: float = NULL_RTOL) -> tuple[MLP, pd.DataFrame]:
     """Exact width reduction keeping every hidden layer's covariance pair (docs/theory/sparsity.md §5b, Lemma 10).
 
     For each hidden layer l in order: drop dead neurons (zero σ-vector), find the null space of the
@@ -257,7 +258,7 @@ def caratheodory_reduce(model: MLP, X, *, rtol: float = NULL_RTOL) -> tuple[MLP,
 
 
 # ------------------------------------------------------------------------ 5c: pattern merge
-def pattern_merge(model: MLP, X) -> tuple[MLP, pd.DataFrame]:
+def pattern_merge(model: MLP | nn.Sequential, X) -> tuple[MLP, pd.DataFrame]:
     """Merge the neurons of a shallow ReLU net with scalar output that share their training activation
     pattern and the sign of their output weight (docs/theory/sparsity.md §5c, Prop. 15).
 
