@@ -72,6 +72,12 @@ def test_another_service_or_a_silent_port_is_one_line(reply):
     assert time.monotonic() - t0 < 1.5  # the silent port: the connection and the wait share the one second
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.1:port", ":6379", "ray://127.0.0.1"])
+def test_an_address_that_is_not_host_port_is_one_line(address):
+    with pytest.raises(FeaturelabError, match=f"address={address!r} is not allowed: give HOST:PORT"):
+        probe(address)
+
+
 @pytest.fixture
 def fake_ray(monkeypatch):
     """A `ray` module of version 2.60.0, not initialised, and no token in the environment or the home folder."""
