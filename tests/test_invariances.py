@@ -127,6 +127,7 @@ def test_fact6_one_gd_step_is_exactly_eta_squared(gen, kind):
     with torch.no_grad():
         q = [inv.value(GRAD) for inv in found.items]
         for p in net.parameters():
+            assert p.grad is not None  # backward() reached every parameter
             p -= eta * p.grad
         for inv, b, qk in zip(found.items, before, q):
             m = inv.scope(active)
@@ -150,6 +151,7 @@ def test_fact6_relu_gram_step_has_first_order_phi_term(gen):
     with torch.no_grad():
         second = gram_difference(net, 1, GRAD)
         for p in net.parameters():
+            assert p.grad is not None  # backward() reached every parameter
             p -= eta * p.grad
         dI = gram_difference(net, 1) - I0
     assert float((dI - eta * phi - eta**2 * second).abs().max()) <= 1e-10 * float(I0.abs().max())
@@ -161,8 +163,10 @@ def test_fact7_phi_structure_and_autograd(gen, objective):
     """Φ is symmetric with zero diagonal, vanishes on equal patterns (linear pairs; duplicated ReLU
     neurons), and equals dI/dt by forward-mode autodiff."""
     net = make("fc", gen)
+    second = net.stages[1]
+    assert isinstance(second, Dense)
     with torch.no_grad():  # neuron 7 of layer 2 = 2 x neuron 6: identical activation patterns
-        net.stages[1].weight[7] = 2 * net.stages[1].weight[6]
+        second.weight[7] = 2 * second.weight[6]
     X, Y = data(net, gen)
     for stage in (0, 1):
         phi = noninvariance_flow(net, X, Y, stage, objective=objective)
@@ -211,6 +215,7 @@ def test_the_tracker_step_reads_nothing_on_the_host(arch):
     net(d.X_train).square().mean().backward()  # on_step reads the step's gradient
     with torch.no_grad():
         for p in net.parameters():
+            assert p.grad is not None  # backward() reached every parameter
             p.sub_(0.05 * p.grad)
     with no_host_reads():
         tracker.on_step(1, net, SimpleNamespace(param_groups=[{"lr": 0.05}]), None)

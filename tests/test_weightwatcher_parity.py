@@ -114,9 +114,11 @@ def _models():
         nn.Flatten(),
         nn.Linear(24, 10),
     )
+    bn = conv[3]
+    assert isinstance(bn, nn.BatchNorm2d)
     with torch.no_grad():  # BatchNorm statistics away from the identity: WeightWatcher reads the stored kernel
-        conv[3].running_var.uniform_(0.5, 2.0)
-        conv[3].weight.uniform_(0.5, 2.0)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.uniform_(0.5, 2.0)
     return {"mlp": mlp.eval(), "conv": conv.eval()}
 
 
@@ -130,9 +132,8 @@ def test_every_shared_column_matches_weightwatcher(kind):
     details = weightwatcher.WeightWatcher(model=model).analyze().set_index("longname")
     res = fl.analyze(model)
     layers = res.layers.set_index("name")
-    modules = dict(model.named_modules())
-    listed = {n for n, m in modules.items() if isinstance(m, nn.Linear | nn.Conv2d)}
-    listed = {n for n in listed if ww.listed(modules[n].weight, isinstance(modules[n], nn.Conv2d))}
+    modules = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear | nn.Conv2d)}
+    listed = {n for n, m in modules.items() if ww.listed(m.weight, isinstance(m, nn.Conv2d))}
     assert set(details.index) == listed and len(listed) >= 3
     shared = [c for c in layers.columns if c.startswith("ww_") and c[3:] in details.columns]
     assert len(shared) == 17
