@@ -19,7 +19,7 @@ def prescribed(n, m, s, seed=0):
 
 
 @pytest.mark.parametrize("shape", [(300, 900), (900, 300)])
-def test_gram_route_accuracy(shape):
+def test_gram_route_accuracy(shape: tuple[int, int]):
     """|ŝ_i − s_i| <= c·ε·s_1²/s_i (spectra module docstring), here with c = 100, for s_i from 1 down to 1e-6."""
     s = np.logspace(0, -6, 200)
     M = torch.from_numpy(prescribed(*shape, s))

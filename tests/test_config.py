@@ -1,10 +1,18 @@
 """Config validation: a wrong key, type or range is one line naming the field and what is allowed."""
 
+from typing import Any
+
 import pytest
 
 import featurelab as fl
 from featurelab.config import parse_overrides
 from featurelab.runs.runner import resolve_config
+
+
+def raw(**fields: Any) -> dict[str, Any]:
+    """Keyword arguments as untyped input (a YAML file, a notebook) gives them: validation, not the signature,
+    must refuse the wrong ones."""
+    return fields
 
 
 def test_parse_overrides_types_and_nesting():
@@ -42,7 +50,7 @@ def test_config_errors_are_one_line(overrides, pattern):
         ),
         (lambda: fl.Phase(steps=10, lr=-1.0), r"^lr=-1.0 is not allowed for Phase: Input should be greater than 0$"),
         (
-            lambda: fl.TrainConfig(phases=[{"steps": -1, "lr": 0.1}]),
+            lambda: fl.TrainConfig(**raw(phases=[{"steps": -1, "lr": 0.1}])),
             r"^phases.0.steps=-1 is not allowed for TrainConfig: Input should be greater than or equal to 0$",
         ),
         (
@@ -50,7 +58,7 @@ def test_config_errors_are_one_line(overrides, pattern):
             r"^objective='hinge' is not allowed for TrainConfig: Input should be 'mse', 'cross_entropy' or 'logistic'$",
         ),
         (
-            lambda: fl.TrainConfig(phases=[], lamda=1.0),
+            lambda: fl.TrainConfig(**raw(phases=[], lamda=1.0)),
             r"^unknown key 'lamda' for TrainConfig \(did you mean 'lam'\?\); allowed keys: objective, lam",
         ),
         (

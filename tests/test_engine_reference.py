@@ -31,7 +31,7 @@ def member(seed: int) -> fl.MLP:
     return fl.MLP(4, 3, 8, depth=3, bias=1.0, seed=seed, dtype=torch.float64)
 
 
-def torch_reference(model, lam: float, make_optimizer, steps: int = K, scheduler=None) -> torch.nn.Module:
+def torch_reference(model: fl.MLP, lam: float, make_optimizer, steps: int = K, scheduler=None) -> fl.MLP:
     """A float64 copy of `model` trained `steps` full-batch steps by a torch.optim optimizer on C + R."""
     ref = copy.deepcopy(model).double()
     opt = make_optimizer([p for p in ref.parameters() if p.requires_grad])

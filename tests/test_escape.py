@@ -178,7 +178,8 @@ def test_figure2_width_sweep():
     for w in (2, 8, 64):
         res = find_escape_directions(X, G, 3, w, restarts=20, steps=4000, seed=1)
         assert res.weights[0].shape == (20, w, 2)
-        assert torch.allclose(sum((W**2).sum((1, 2)) for W in res.weights), torch.full((20,), 3.0, dtype=torch.float64))
+        norms = torch.stack([(W**2).sum((1, 2)) for W in res.weights]).sum(0)  # ‖θ‖² of each restart
+        assert torch.allclose(norms, torch.full((20,), 3.0, dtype=torch.float64))
         assert float(res.speeds.max()) <= 0.5 + 1e-6
         frac[w] = float((res.speeds > SQ2M1 + 1e-3).double().mean())
         best[w] = float(res.speeds.max())

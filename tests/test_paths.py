@@ -131,6 +131,7 @@ def test_fact3_euler_cut_through_fixed_skip(gen):
     fixed = sum(p.numel() for p in paths.graph.params)  # the index of fixed edges (weight 1)
     through_skip = torch.tensor([float(fixed in e) for e in paths.edges], dtype=D)
     block = net.stages[1]
+    assert isinstance(block, ResBlock)
     X = inputs(net, gen, n=20)
     h = path_enumeration(net, X, paths=paths).detach().requires_grad_(True)
     (dT,) = torch.autograd.grad(T(h).sum(), h)

@@ -89,7 +89,7 @@ def test_forces_homogeneity(gen):
     f = layer_forces(m2, X, Y, 0.2)[0]
     for F in (f.attraction, f.repulsion):
         assert F[:, 1].norm() > 1e-6
-        assert torch.allclose(F[:, 5], 2.5 * F[:, 1], rtol=1e-9, atol=1e-12 * F.abs().max())
+        assert torch.allclose(F[:, 5], 2.5 * F[:, 1], rtol=1e-9, atol=1e-12 * float(F.abs().max()))
 
 
 def test_balanced_linear_net_exact_balance(gen):

@@ -204,6 +204,7 @@ def test_paper_sweeps_group_their_same_shape_units(name, sizes):
 
     exp, cfg = resolve_config(name, "paper")
     keys = Counter()
+    assert exp.build is not None  # the paper experiments train through build and finish
     for unit in exp.units(cfg):
         job = exp.build(cfg, unit)
         keys[ensemble_key(job.model, job.data, job.config)] += 1
