@@ -166,6 +166,42 @@ def balance_claim(lays: list[dict], ref: str):
     )
 
 
+def forces_claims(cfg: Config, lays: list[dict]) -> list:
+    """Fig. 1's claims on the per-layer results of `finish`: classes separate in the last hidden layer, attraction
+    and repulsion cancel along the neurons' rays, and the neurons of each hidden layer form rays."""
+    ref = "Jacot, Golikov, Hongler, Gabriel 2022 (arXiv 2205.15809) Fig. 1; docs/theory/sparsity.md §6"
+    last = lays[-1]
+    sep, sep0 = last["class_separation"], last["class_separation_init"]
+    claims = [
+        all_of_claim(
+            f"classes separate in layer {last['layer']}: nearest-class-mean accuracy of Z_{last['layer']} on "
+            f"the train set is >= {SEPARATED.bound:g} and above that at initialization (init: {sep0:.3f})",
+            ref,
+            [(sep, SEPARATED), (sep, Threshold(sep0, ">"))],
+            expected=f">= max({SEPARATED.bound:g}, {sep0:.3f})",
+            measured=sep,
+            id="class-separation",
+        )
+    ]
+    claims.append(balance_claim(lays, ref))
+    for lay in lays:
+        claims.append(
+            threshold_claim(
+                f"neurons of layer {lay['layer']} align along rays ('the neurons naturally align along rays starting "
+                f"from the origin', §2 on Fig. 1b, 1d): share of the alive neurons ({lay['alive']}) with another on "
+                f"their ray, a nearest cosine neighbour >= {cfg.ray_cosine} (init: {lay['ray_share_init']:.3f}); "
+                "'most' is our reading",
+                ref,
+                lay["ray_share"],
+                cfg.ray_majority,
+                ">=",
+                id=f"rays-layer{lay['layer']}",
+                premise="critical",
+            )
+        )
+    return claims
+
+
 def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
     ((uid, res),) = results.items()
     lays = res["layers"]
@@ -198,36 +234,7 @@ def analyze(cfg: Config, results: dict[str, dict], ctx) -> Analysis:
             ax.legend(loc="best", fontsize=8)
     figures = {"forces": fig}
     table = pd.DataFrame([{k: v for k, v in lay.items() if k != "views"} for lay in lays])
-    ref = "Jacot, Golikov, Hongler, Gabriel 2022 (arXiv 2205.15809) Fig. 1; docs/theory/sparsity.md §6"
-    last = lays[-1]
-    sep, sep0 = last["class_separation"], last["class_separation_init"]
-    claims = [
-        all_of_claim(
-            f"classes separate in layer {last['layer']}: nearest-class-mean accuracy of Z_{last['layer']} on "
-            f"the train set is >= {SEPARATED.bound:g} and above that at initialization (init: {sep0:.3f})",
-            ref,
-            [(sep, SEPARATED), (sep, Threshold(sep0, ">"))],
-            expected=f">= max({SEPARATED.bound:g}, {sep0:.3f})",
-            measured=sep,
-            id="class-separation",
-        )
-    ]
-    claims.append(balance_claim(lays, ref))
-    for lay in lays:
-        claims.append(
-            threshold_claim(
-                f"neurons of layer {lay['layer']} align along rays ('the neurons naturally align along rays starting "
-                f"from the origin', §2 on Fig. 1b, 1d): share of the alive neurons ({lay['alive']}) with another on "
-                f"their ray, a nearest cosine neighbour >= {cfg.ray_cosine} (init: {lay['ray_share_init']:.3f}); "
-                "'most' is our reading",
-                ref,
-                lay["ray_share"],
-                cfg.ray_majority,
-                ">=",
-                id=f"rays-layer{lay['layer']}",
-                premise="critical",
-            )
-        )
+    claims = forces_claims(cfg, lays)
     summary = {
         "final_loss": res["final"]["loss"],
         "final_train_error": res["final"]["train_error"],
