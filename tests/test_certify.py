@@ -58,10 +58,29 @@ def test_kinked_minimiser_in_closed_form():
     c = found.certificate
     t = math.sqrt(1 - 2 * lam)
     w = net.weights[0].detach()
-    assert c.certified and c.kinks == 1 and c.clarke <= 1e-12 and c.kind == "minimum", c
+    # x₂'s residual is 0, so its kink's output cotangent c is 0: the loss grows off the kink only at second order,
+    # which the certificate does not examine, so the kind stays undecided (a minimum needs every c_k > 0)
+    assert c.certified and c.kinks == 1 and c.clarke <= 1e-12 and c.kind == "undecided", c
     assert abs(float(w[0, 1])) <= 1e-14 and abs(float(w[0, 0]) - t) <= 1e-12
     assert abs(float(net.weights[1].detach()[0, 0]) - t) <= 1e-12
     assert c.loss_after == pytest.approx(0.5 * (t * t - 1) ** 2 + 2 * lam * t * t, abs=1e-14)
+
+
+def test_a_kink_the_loss_wants_to_leave_makes_a_saddle():
+    """`kinked_data` with x₂'s target raised to 1/2: at w = (t, 0), v = t (t = √(1 − 2λ)) x₂'s unit is off with
+    slope 0, so the point is Clarke critical (δ = 0), but its output cotangent c = 2v(0 − 1/2)/2 < 0: turning the
+    unit on (w₂ > 0) lowers the loss at first order. Refused as a saddle."""
+    lam = 0.05
+    X = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    Y = torch.tensor([[1.0], [0.5]])
+    t = math.sqrt(1 - 2 * lam)
+    net = MLP(2, 1, 1, 2, seed=3, dtype=F64)
+    with torch.no_grad():
+        net.weights[0].copy_(torch.tensor([[t, 0.0]], dtype=F64))
+        net.weights[1].copy_(torch.tensor([[t]], dtype=F64))
+    c = certificate_at(net, Dataset(X, Y, X[:0], Y[:0]), "mse", lam).certificate
+    assert c.kinks == 1 and c.clarke <= 1e-12 and c.kind == "saddle" and not c.certified, c
+    assert "the loss falls as 1 kinked input turn on" in c.rule, c.rule
 
 
 def test_a_rank_deficient_kink_set_is_certified_by_its_min_norm_multipliers():

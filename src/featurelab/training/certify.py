@@ -246,7 +246,8 @@ def _reduce(problem: _Problem, theta: torch.Tensor, widths: float | Sequence[flo
 class _Multipliers:
     """The KKT solve at θ for kink masks: J_0ᵀ = U S Vᵀ truncated to J_0's numerical rank (U: P x rank, an orthonormal
     basis of range(J_0ᵀ)), the min-norm ν, the projected gradient r = g_0 + J_0ᵀν, the slopes s, δ_LS, the penalty
-    gradient's norm, a_K, the rank, whether the slopes lie in their box, and the box's lower bounds."""
+    gradient's norm, a_K, the rank, whether the slopes lie in their box, the box's lower bounds and the output
+    cotangents c_k at the slopes."""
 
     U: torch.Tensor
     S: torch.Tensor
@@ -259,6 +260,7 @@ class _Multipliers:
     rank: int
     feasible: bool
     low: torch.Tensor
+    cotangents: torch.Tensor
 
 
 def _with(problem: _Problem, mode_factory):
@@ -318,6 +320,7 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
     r = g0 - U @ Ug
     nu = -(Vh.T @ (Ug / S))  # the min-norm ν: J_0ᵀν = −U Uᵀg_0
     slopes = torch.full((K,), 0.5, dtype=torch.float64)
+    c = torch.zeros(K, dtype=torch.float64)
     for _ in range(len(masks) + 1 if K else 0):  # triangular: exact after as many sweeps as there are kinked calls
         c = _output_cotangents(problem, theta, masks, slopes)
         new = torch.where(c.abs() > 0, nu / torch.where(c == 0, 1.0, c), slopes)
@@ -326,7 +329,7 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
         slopes = new
     norm = _denominator(gr, theta, problem.cost, problem.lam)
     feasible = bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
-    return _Multipliers(U, S, Vh, slopes, r, _over(float(r.norm()), norm), norm, a_K, rank, feasible, low)
+    return _Multipliers(U, S, Vh, slopes, r, _over(float(r.norm()), norm), norm, a_K, rank, feasible, low, c)
 
 
 def _over(x: float, norm: float) -> float:
@@ -646,14 +649,20 @@ def _verdict(snap: _Snap, gap: float, tolerance: float, low: float, high: float)
     """``(kind, rule, slopes at a bound)`` of the certificate from the snap's end. The Clarke residual is what
     certifies (evaluated at explicit slopes in [leak, 1]); a rank-deficient J_0 (dead units) is reported, not
     refused, and leaves the kind "undecided" unless the reduced Hessian has a negative eigenvalue: its
-    multipliers are not unique, so a positive reduced Hessian proves nothing there."""
+    multipliers are not unique, so a positive reduced Hessian proves nothing there. Off M, moving a kinked input
+    by t changes 𝓛 by ``c_k(σ(t) − s_k t)`` to first order, ``c_k(1 − s_k)t`` for t > 0 and ``c_k(s_k − a)|t|``
+    for t < 0: a kink whose output cotangent c_k is negative lets the loss fall (a saddle, when J_0 has full rank
+    so a_k can move alone), and a minimum needs every c_k > 0."""
     s, box_low = snap.slopes, snap.m.low
     at_bounds = int(((s - box_low).abs() <= SLOPE_SLACK).sum() + ((1 - s).abs() <= SLOPE_SLACK).sum())
     K = s.numel()
+    c = snap.m.cotangents
+    top = float(c.abs().max()) if c.numel() else 0.0
+    falling, flat = int((c < -1e-8 * top).sum()), int((c.abs() <= 1e-8 * top).sum())
     kind = "undecided"
-    if low < -1e-8 * abs(high):
+    if low < -1e-8 * abs(high) or (falling and snap.m.rank == K):
         kind = "saddle"
-    elif low > 1e-10 * abs(high) and at_bounds == 0 and snap.m.rank == K:
+    elif low > 1e-10 * abs(high) and at_bounds == 0 and flat == 0 and snap.m.rank == K:
         kind = "minimum"
     rule = snap.rule
     if not rule and snap.delta > tolerance:
@@ -661,8 +670,10 @@ def _verdict(snap: _Snap, gap: float, tolerance: float, low: float, high: float)
         rule = f"Clarke residual {snap.delta:.2g} > {tolerance:.2g}{box}"
     if not rule and K and gap < MIN_GAP:
         rule = f"identification gap {gap:.2g} < {MIN_GAP:.0e}"
-    if not rule and kind == "saddle":
+    if not rule and kind == "saddle" and low < -1e-8 * abs(high):
         rule = "a saddle: the reduced Hessian has a negative eigenvalue"
+    if not rule and kind == "saddle":
+        rule = f"a saddle: the loss falls as {falling} kinked input{'' if falling == 1 else 's'} turn on (c_k < 0)"
     return kind, rule, at_bounds
 
 
