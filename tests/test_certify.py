@@ -235,15 +235,16 @@ def test_a_net_whose_dead_units_promise_too_many_kinks_is_refused_before_anythin
     assert all(torch.equal(p.detach(), b.to(p.dtype)) for p, b in zip(model.parameters(), before))
 
 
-def test_dead_neurons_are_held_at_zero_and_the_rest_is_certified_as_the_net_without_them():
+def test_dead_neurons_are_held_at_zero_and_the_rest_is_the_net_without_them():
     """A width-12 net at λ = 0.02 whose continuation kills neurons: the snap zeroes and holds their weights, their N
-    kinks each leave the solve, and the point is certified. Deleting the held neurons gives a net without dead ones
-    whose certificate, computed with every kink in the solve (nothing held), passes at the same loss with the same
-    kinks; the held net's kind stays undecided (a zero neuron's directions are not in the reduced Hessian)."""
+    kinks each leave the solve, and the Clarke residual reaches rounding on the whole θ. Deleting the held neurons
+    gives a net without dead ones whose certificate, computed with every kink in the solve (nothing held), passes at
+    the same loss with the same kinks. A held neuron of this net can escape, so the point itself is a saddle."""
     data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
     net = trained(MLP(4, 4, 12, 2, seed=0, dtype=F64), data, 0.02, steps=800, lr=1e-2)
     c = certify(net, data, "mse", 0.02).certificate
-    assert c.certified and c.detail["held_neurons"] >= 1 and c.clarke <= 1e-12 and c.kind == "undecided", c
+    assert c.detail["held_neurons"] >= 1 and c.clarke <= 1e-12 and c.kind == "saddle", c
+    assert "a held neuron can escape" in c.rule and c.detail["held_escape"] > 1
     W1, W2 = net.weights[0].detach(), net.weights[1].detach()
     held = (W1.abs().sum(1) == 0) & (W2.abs().sum(0) == 0)
     assert int(held.sum()) == c.detail["held_neurons"]
@@ -255,8 +256,53 @@ def test_dead_neurons_are_held_at_zero_and_the_rest_is_certified_as_the_net_with
     alone = certificate_at(pruned, data, "mse", 0.02).certificate
     assert alone.certified and alone.detail["held_neurons"] == 0 and alone.clarke <= 1e-12, alone
     assert alone.kinks == c.kinks and alone.loss_after == pytest.approx(c.loss_after, rel=1e-14, abs=0)
-    again = certificate_at(net, data, "mse", 0.02).certificate  # the held net examined as it is
-    assert again.certified and again.detail["held_neurons"] == c.detail["held_neurons"] and again.clarke <= 1e-12
+
+
+def test_a_zero_neuron_added_to_a_certified_net_can_escape_as_its_second_order_term_says():
+    """A critical width-12 net plus a 13th neuron with zero weights: the same critical point (same δ and loss),
+    the new neuron held. Near it the loss moves by λ(‖w‖² + ‖v‖²) + vᵀDᵀrelu(Xw) (X the inputs, D = ∂C/∂Ŷ): an
+    escape exists iff max_{‖w‖=1} ‖Dᵀrelu(Xw)‖ > 2λ. Checked apart from featurelab: σ_max(D)σ_max(X) is the upper
+    bound reported, a plain projected-gradient ascent finds a w beyond 2λ, and the loss of the net with the 13th
+    neuron set to ε(w, −Dᵀrelu(Xw)/(2λ)) falls below the critical value, as the certificate's "saddle" says."""
+    lam = 0.02
+    data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
+    net = trained(MLP(4, 4, 12, 2, seed=1, dtype=F64), data, lam, steps=800, lr=1e-2)
+    c = certify(net, data, "mse", lam).certificate
+    assert c.clarke <= 1e-10 and c.detail["held_neurons"] == 0, c
+    big = MLP(4, 4, 13, 2, dtype=F64)
+    with torch.no_grad():
+        big.weights[0].zero_()
+        big.weights[1].zero_()
+        big.weights[0][:12].copy_(net.weights[0])
+        big.weights[1][:, :12].copy_(net.weights[1])
+    a = certificate_at(big, data, "mse", lam).certificate
+    assert a.detail["held_neurons"] == 1 and a.loss_after == c.loss_after
+    assert a.clarke == pytest.approx(c.clarke, rel=1e-6) and a.kinks == c.kinks
+    X, Y = data.X_train.to(F64), data.Y_train.to(F64)
+    out = net(X).detach().requires_grad_()
+    (D,) = torch.autograd.grad(((out - Y) ** 2).sum() / len(X), out)
+    top = float(np.linalg.norm(D.numpy(), 2) * np.linalg.norm(X.numpy(), 2))
+    assert a.detail["held_escape_bound"] * 2 * lam == pytest.approx(top, rel=1e-9)
+    gen = torch.Generator().manual_seed(1)
+    best, w_best = 0.0, None
+    for _ in range(64):
+        w = torch.randn(4, generator=gen, dtype=F64)
+        for _ in range(300):
+            w = (w / w.norm()).detach().requires_grad_()
+            value = (D.T @ torch.relu(X @ w)).norm()
+            (g,) = torch.autograd.grad(value, w)
+            if float(value.detach()) > best:
+                best, w_best = float(value.detach()), w.detach().clone()
+            w = w.detach() + 0.1 * g
+    assert w_best is not None and best > 2 * lam and a.detail["held_escape"] * 2 * lam >= 0.99 * best
+    assert a.kind == "saddle" and not a.certified
+    v = -(D.T @ torch.relu(X @ w_best)) / (2 * lam)
+    with torch.no_grad():
+        big.weights[0][12] = 1e-2 * w_best
+        big.weights[1][:, 12] = 1e-2 * v
+    with torch.no_grad():
+        moved = float(((big(X) - Y) ** 2).sum() / len(X) + big.penalty(lam))
+    assert moved < a.loss_after - 1e-6 * 1e-4 * float(v.norm()) ** 2
 
 
 def test_clarke_residual_against_bounded_least_squares():

@@ -219,6 +219,21 @@ def _whole(problem: _Problem, theta: torch.Tensor) -> _Reduced:
     return _Reduced(problem, theta, torch.zeros(theta.numel(), dtype=torch.bool), dead)
 
 
+def _neuron_index(problem: _Problem, call: int) -> list[torch.Tensor]:
+    """The flat θ indices of the neurons of activation call `call`, one tensor per ``(name, axis)`` of the model's
+    ``neurons(call)`` (`MLP.neurons`: incoming, then outgoing), each ``units x entries``: row j holds neuron j's
+    coordinates in that parameter."""
+    neurons = cast(Callable[[int], list[tuple[str, int]]], problem.loss.model.neurons)
+    start = {name: sum(problem.sizes[:i]) for i, name in enumerate(problem.names)}
+    shape = dict(zip(problem.names, problem.shapes))
+    out = []
+    for name, axis in neurons(call):
+        first, dims = start["model." + name], shape["model." + name]
+        index = torch.arange(first, first + math.prod(dims)).view(dims).movedim(axis, 0)
+        out.append(index.reshape(dims[axis], -1))
+    return out
+
+
 def _reduce(problem: _Problem, theta: torch.Tensor, widths: float | Sequence[float], zero: bool) -> _Reduced:
     """`problem` without the dying neurons at θ (`_dying` with the calls' `widths`, one number for all calls or one
     per call), their weights set to 0 when `zero` (the snap's dead-neuron rule), kept as they are otherwise (a point
@@ -226,18 +241,14 @@ def _reduce(problem: _Problem, theta: torch.Tensor, widths: float | Sequence[flo
     inputs, leaks = activation_inputs(problem, theta)
     per_call = list(widths) if isinstance(widths, Sequence) else [float(widths)] * len(inputs)
     dying = _dying(inputs, leaks, per_call) if _reducible(problem) else []
-    neurons = cast(Callable[[int], list[tuple[str, int]]], getattr(problem.loss.model, "neurons", None))
     frozen = torch.zeros(theta.numel(), dtype=torch.bool)
     dead = [torch.zeros(z.shape, dtype=torch.bool) for z in inputs]
-    start = {name: sum(problem.sizes[:i]) for i, name in enumerate(problem.names)}
-    shape = dict(zip(problem.names, problem.shapes))
     for call, d in enumerate(dying):
         if not bool(d.any()):
             continue
         dead[call] = d.expand(inputs[call].shape[0], -1).reshape(inputs[call].shape).clone()
-        for name, axis in neurons(call):
-            first, size = start["model." + name], math.prod(shape["model." + name])
-            frozen[first : first + size].view(shape["model." + name]).index_fill_(axis, d.nonzero().squeeze(1), True)
+        for index in _neuron_index(problem, call):
+            frozen[index[d].reshape(-1)] = True
     theta = theta.masked_fill(frozen, 0.0) if zero else theta
     return _Reduced(problem, theta, frozen, dead, sum(int(d.sum()) for d in dying))
 
@@ -292,8 +303,8 @@ def _cut_gradient(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tens
     return g0, gr, a_K.detach(), J
 
 
-def _output_cotangents(problem, theta, masks, slopes) -> torch.Tensor:
-    """``c_k(s)``: ∂𝓛_s/∂(activation output) at the kink entries, for slopes `slopes`."""
+def _probe_cotangents(problem, theta, masks, slopes) -> list[torch.Tensor]:
+    """∂𝓛_s/∂(activation output) at every entry of every call (the shapes of `masks`), for slopes `slopes`."""
     shapes = [m.shape for m in masks]
     probes = [torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in shapes]
     saved = _with(problem, lambda: Pieces(masks=masks, slopes=slopes, probes=probes))
@@ -302,7 +313,13 @@ def _output_cotangents(problem, theta, masks, slopes) -> torch.Tensor:
     finally:
         problem.mode = saved
     grads = torch.autograd.grad(cost + pen, probes, allow_unused=True)
-    return torch.cat([(g if g is not None else torch.zeros(s))[m] for g, s, m in zip(grads, shapes, masks)])
+    return [g if g is not None else torch.zeros(s, dtype=torch.float64) for g, s in zip(grads, shapes)]
+
+
+def _output_cotangents(problem, theta, masks, slopes) -> torch.Tensor:
+    """``c_k(s)``: ∂𝓛_s/∂(activation output) at the kink entries, for slopes `slopes`."""
+    grads = _probe_cotangents(problem, theta, masks, slopes)
+    return torch.cat([g[m] for g, m in zip(grads, masks)])
 
 
 def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor], leaks: list[float]):
@@ -645,6 +662,77 @@ def _refused_up_front(problem: _Problem, rule: str, tolerance: float, seconds: f
     return Certified(cert, torch.zeros(0, dtype=torch.float64), [], state)
 
 
+def _held_layer(problem: _Reduced, theta: torch.Tensor, end: _Snap, call: int, held: torch.Tensor):
+    """``(X, D, p_w, p_v)`` for the held neurons `held` (column indices) of activation call `call` at the full θ:
+    X (N x d) the layer's inputs (bias entry included), read as the held neurons' pre-activations with incoming
+    rows set to unit vectors; D (N x m) the cotangent ∂C/∂Z of the next layer's pre-activations (slopes s* at the
+    kinks), read as the held neurons' output cotangents with outgoing columns set to unit vectors (either leaves
+    the function unchanged while the other side is 0); p_w, p_v half the penalty's curvature along one incoming
+    and one outgoing coordinate."""
+    base, (incoming, outgoing) = problem.base, _neuron_index(problem.base, call)
+    h = len(held)
+    blocks = []
+    for index, read in ((incoming, "inputs"), (outgoing, "cotangents")):
+        columns = []
+        for first in range(0, index.shape[1], h):
+            trial, ks = theta.clone(), range(first, min(index.shape[1], first + h))
+            for t, k in enumerate(ks):
+                trial[index[held[t], k]] = 1.0
+            if read == "inputs":
+                z = activation_inputs(base, trial)[0][call]
+            else:
+                z = _probe_cotangents(base, trial, end.masks, end.slopes)[call]
+            rows = z.reshape(z.shape[0], -1)
+            columns += [rows[:, held[t]] for t in range(len(ks))]
+        blocks.append(torch.stack(columns, 1))
+    t = theta.detach().requires_grad_()
+    (g,) = torch.autograd.grad(base.parts(t)[1], t, create_graph=True)
+    i, o = int(incoming[held[0], 0]), int(outgoing[held[0], 0])
+    p_w = float(torch.autograd.grad(g[i], t, retain_graph=True)[0][i]) / 2
+    p_v = float(torch.autograd.grad(g[o], t)[0][o]) / 2
+    return blocks[0], blocks[1], p_w, p_v
+
+
+def _escape(X: torch.Tensor, D: torch.Tensor, starts: int = 64, steps: int = 400) -> float:
+    """A lower bound of ``max_{‖w‖=1} ‖Dᵀrelu(Xw)‖`` (X: N x d, D: N x m): projected gradient ascent on the sphere
+    (normalised steps of length 0.3·0.99^k) from the top right singular vectors of DᵀX (both signs) and seeded random
+    starts, all at once; the largest value met at any w."""
+    gen = torch.Generator().manual_seed(0)
+    _, _, Vh = torch.linalg.svd(D.T @ X, full_matrices=False)
+    W = torch.cat([Vh.T, -Vh.T, torch.randn(X.shape[1], starts, generator=gen, dtype=X.dtype)], 1)
+    W = W / W.norm(dim=0).clamp_min(1e-300)
+    best = 0.0
+    for k in range(steps):
+        Z = X @ W
+        G = D.T @ torch.relu(Z)  # m x starts
+        norms = G.norm(dim=0)
+        best = max(best, float(norms.max()))
+        grad = X.T @ ((Z > 0).to(X.dtype) * (D @ (G / norms.clamp_min(1e-300))))
+        W = W + 0.3 * 0.99**k * grad / grad.norm(dim=0).clamp_min(1e-300)
+        W = W / W.norm(dim=0).clamp_min(1e-300)
+    return best
+
+
+def held_directions(problem: _Reduced, end: _Snap) -> tuple[float, float]:
+    """The held neurons' second-order test (docs/theory/conventions.md, "Dead neurons are held at 0"): near a held
+    neuron (w, v) = 0 the loss changes by ``p_w‖w‖² + p_v‖v‖² + vᵀDᵀσ(Xw)`` at second order, positive for every
+    (w, v) ≠ 0 iff ``max_{‖w‖=1} ‖Dᵀσ(Xw)‖ < 2√(p_w p_v)``. Returns ``(lower, upper)``: the largest over layers of
+    that maximum's lower bound (`_escape`) and upper bound ``σ_max(D)·σ_max(X)``, each over 2√(p_w p_v) (0, 0
+    without held neurons). lower > 1: a held neuron can escape (a saddle); upper < 1: they cannot."""
+    lower = upper = 0.0
+    theta = problem.full(end.theta).detach()
+    for call, dead in enumerate(problem.dead):
+        rows = dead.reshape(dead.shape[0], -1)
+        if not rows.numel() or not bool(rows.any()):
+            continue
+        held = rows.all(0).nonzero().squeeze(1)
+        X, D, p_w, p_v = _held_layer(problem, theta, end, call, held)
+        scale = 2 * math.sqrt(max(p_w * p_v, 0.0))
+        top = float(torch.linalg.matrix_norm(D, 2) * torch.linalg.matrix_norm(X, 2))
+        lower, upper = max(lower, _over(_escape(X, D), scale)), max(upper, _over(top, scale))
+    return lower, upper
+
+
 def _verdict(snap: _Snap, gap: float, tolerance: float, low: float, high: float) -> tuple[str, str, int]:
     """``(kind, rule, slopes at a bound)`` of the certificate from the snap's end. The Clarke residual is what
     certifies (evaluated at explicit slopes in [leak, 1]); a rank-deficient J_0 (dead units) is reported, not
@@ -682,8 +770,9 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
     reduced Hessian's extreme eigenvalues, the verdict; `detail` (a Leaky ResNet's per-layer residuals and ĥ_l)
     differentiates σ with the slopes s* at the kinks; `stationarity` with relu'(0) = 0, as autograd does. Held
     neurons (`_Reduced`) count in every gradient: δ is the larger of the live coordinates' and the whole θ's at s*
-    (their own gradient vanishes exactly at 0), and the kind is at best "undecided" (their directions are not in
-    the Lanczos: a zero neuron's second-order term is not quadratic)."""
+    (their own gradient vanishes exactly at 0), and their directions, which the Lanczos does not see (a zero
+    neuron's second-order term is not quadratic), are judged by `held_directions`: the kind is a minimum only when
+    no held neuron can escape by the upper bound, a saddle when one can by the lower bound."""
     inputs, _ = activation_inputs(problem, end.theta)
     K = end.slopes.numel()
     width = max((float(z[k].abs().max()) for z, k in zip(inputs, end.masks) if bool(k.any())), default=0.0)
@@ -699,8 +788,11 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
     if problem.held:
         end = replace(end, delta=max(end.delta, cert.stationarity))
     kind, rule, at_bounds = _verdict(end, gap, tolerance, low, high)
-    if problem.held and kind == "minimum":
+    escape, bound = held_directions(problem, end) if problem.held else (0.0, 0.0)
+    if kind == "minimum" and bound >= 1:
         kind = "undecided"
+    if escape > 1 + 1e-6 and kind != "saddle":
+        kind, rule = "saddle", rule or f"a saddle: a held neuron can escape (max ‖Dᵀσ(Xw)‖ = {escape:.3g}·2√(p_w p_v))"
     _, g, gr, cost = base.evaluate(full)
     return replace(
         cert,
@@ -714,7 +806,7 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
         kind=kind,
         rule=rule,
         certified=not rule,
-        detail={**cert.detail, "held_neurons": problem.held},
+        detail={**cert.detail, "held_neurons": problem.held, "held_escape": escape, "held_escape_bound": bound},
     )
 
 
