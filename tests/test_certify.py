@@ -236,23 +236,23 @@ def test_a_net_whose_dead_units_promise_too_many_kinks_is_refused_before_anythin
 
 
 def test_dead_neurons_are_held_at_zero_and_the_rest_is_the_net_without_them():
-    """A width-12 net at λ = 0.02 whose continuation kills neurons: the snap zeroes and holds their weights, their N
+    """A width-12 net with biases at λ = 0.02 whose continuation kills neurons: the snap zeroes and holds their weights, their N
     kinks each leave the solve, and the Clarke residual reaches rounding on the whole θ. Deleting the held neurons
     gives a net without dead ones whose certificate, computed with every kink in the solve (nothing held), passes at
     the same loss with the same kinks. A held neuron of this net can escape, so the point itself is a saddle."""
     data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
-    net = trained(MLP(4, 4, 12, 2, seed=0, dtype=F64), data, 0.02, steps=800, lr=1e-2)
+    net = trained(MLP(4, 4, 12, 2, bias=1.0, seed=0, dtype=F64), data, 0.02, steps=800, lr=1e-2)
     c = certify(net, data, "mse", 0.02).certificate
     assert c.detail["held_neurons"] >= 1 and c.clarke <= 1e-12 and c.kind == "saddle", c
     assert "a held neuron can escape" in c.rule and c.detail["held_escape"] > 1
     W1, W2 = net.weights[0].detach(), net.weights[1].detach()
-    held = (W1.abs().sum(1) == 0) & (W2.abs().sum(0) == 0)
+    held = (W1.abs().sum(1) == 0) & (W2[:, :12].abs().sum(0) == 0)  # W2's last column: the bias
     assert int(held.sum()) == c.detail["held_neurons"]
     live = (~held).nonzero().squeeze(1)
-    pruned = MLP(4, 4, len(live), 2, dtype=F64)
+    pruned = MLP(4, 4, len(live), 2, bias=1.0, dtype=F64)
     with torch.no_grad():
         pruned.weights[0].copy_(W1[live])
-        pruned.weights[1].copy_(W2[:, live])
+        pruned.weights[1].copy_(W2[:, torch.cat([live, torch.tensor([12])])])
     alone = certificate_at(pruned, data, "mse", 0.02).certificate
     assert alone.certified and alone.detail["held_neurons"] == 0 and alone.clarke <= 1e-12, alone
     assert alone.kinks == c.kinks and alone.loss_after == pytest.approx(c.loss_after, rel=1e-14, abs=0)

@@ -248,7 +248,7 @@ def _reduce(problem: _Problem, theta: torch.Tensor, widths: float | Sequence[flo
             continue
         dead[call] = d.expand(inputs[call].shape[0], -1).reshape(inputs[call].shape).clone()
         for index in _neuron_index(problem, call):
-            frozen[index[d].reshape(-1)] = True
+            frozen[index[: d.numel()][d].reshape(-1)] = True  # rows past the units: W_{l+1}'s bias column
     theta = theta.masked_fill(frozen, 0.0) if zero else theta
     return _Reduced(problem, theta, frozen, dead, sum(int(d.sum()) for d in dying))
 
