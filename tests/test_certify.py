@@ -236,10 +236,11 @@ def test_a_net_whose_dead_units_promise_too_many_kinks_is_refused_before_anythin
 
 
 def test_dead_neurons_are_held_at_zero_and_the_rest_is_the_net_without_them():
-    """A width-12 net with biases at λ = 0.02 whose continuation kills neurons: the snap zeroes and holds their weights, their N
-    kinks each leave the solve, and the Clarke residual reaches rounding on the whole θ. Deleting the held neurons
-    gives a net without dead ones whose certificate, computed with every kink in the solve (nothing held), passes at
-    the same loss with the same kinks. A held neuron of this net can escape, so the point itself is a saddle."""
+    """A width-12 net with biases at λ = 0.02 whose continuation kills neurons: the snap zeroes and holds their
+    weights, their N kinks each leave the solve, and the Clarke residual reaches rounding on the whole θ. Deleting
+    the held neurons gives a net without dead ones whose certificate, computed with every kink in the solve
+    (nothing held), passes at the same loss with the same kinks. A held neuron of this net can escape, so the point
+    itself is a saddle."""
     data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
     net = trained(MLP(4, 4, 12, 2, bias=1.0, seed=0, dtype=F64), data, 0.02, steps=800, lr=1e-2)
     c = certify(net, data, "mse", 0.02).certificate

@@ -57,6 +57,7 @@ SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β 
 SNAP_GAP = 1e2  # where the kink set stands out by this gap (and after the last stage in any case)
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
 MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely: at most 1 GiB
+ESCAPE_SLACK = 1e-3  # a held neuron escapes when its ratio exceeds 1 + this (live neurons sit at exactly 1)
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
 METHOD = "softplus continuation + active-set Newton snap, float64"
 
@@ -791,7 +792,7 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
     escape, bound = held_directions(problem, end) if problem.held else (0.0, 0.0)
     if kind == "minimum" and bound >= 1:
         kind = "undecided"
-    if escape > 1 + 1e-6 and kind != "saddle":
+    if escape > 1 + ESCAPE_SLACK and kind != "saddle":
         kind, rule = "saddle", rule or f"a saddle: a held neuron can escape (max ‖Dᵀσ(Xw)‖ = {escape:.3g}·2√(p_w p_v))"
     _, g, gr, cost = base.evaluate(full)
     return replace(
