@@ -53,7 +53,7 @@ def test_width_plateau_claims_rest_on_the_minimising_trials():
         }
         return {**r, "unhealthy": unhealthy} if unhealthy else r
 
-    cfg = Config(datasets=["teacher"])
+    cfg = Config.model_validate({"datasets": ["teacher"]})
     widths = [1, 2, 4, 8, 16, 32]
     base = {w: (1.0 if w == 1 else 0.15 if w < 8 else 0.1) for w in widths}  # n*(10%) = 8
     rows = [row(w, 0, base[w]) for w in widths] + [row(1, 1, 3.0, "collapsed: constant output")]
@@ -62,7 +62,8 @@ def test_width_plateau_claims_rest_on_the_minimising_trials():
     assert claims["teacher-m1-gap"].passed is True  # m(1)/m_inf = 1.0/0.1 from trial 0
     assert claims["teacher-plateau-start"].passed is True
     assert claims["teacher-caratheodory-outputs"].passed is True  # the collapsed trial is left out
-    assert "teacher-w1-t1" not in claims["teacher-caratheodory-outputs"].units
+    outputs = claims["teacher-caratheodory-outputs"].units
+    assert outputs is not None and "teacher-w1-t1" not in outputs
     assert claims["teacher-m1-gap"].margin == pytest.approx((10 - 5) / 5)  # m(1)/m_inf = 10 against >= 5
     assert claims["teacher-plateau-start"].margin == pytest.approx((8 - 6) / 6)  # n* = 8 in [6, 32]: nearer 6
     assert claims["teacher-m1-gap"].premise == "critical"  # Fig. 2 is about minimal losses
@@ -88,7 +89,7 @@ def test_cp_rank_lower_bound_and_reach_tolerance():
         reach_tolerance,
     )
 
-    cfg = Config(construction_sizes=[4], onehot_sizes=[2, 3])
+    cfg = Config.model_validate({"construction_sizes": [4], "onehot_sizes": [2, 3]})
     c = bipartite(cfg.N)
     bound = lower_bound_loss(c.data.Y_train, cfg.lam)
     assert bound == pytest.approx(5 * 0.06**2 / 6 + 2 * 0.01 * (5.94 + 4 * 2.94), rel=1e-12)
@@ -168,11 +169,11 @@ def test_failed_trials_claim_reads_the_individual_trials_on_the_plateau():
     c = failed_trials_claim(rows(16), 0.1, 8)
     assert c.passed is True and c.id == "teacher-failed-trials" and c.premise == ""
     assert c.margin == pytest.approx((1.5 - 1.1) / 1.1)
-    assert set(c.units) == {"t-w8-t0", "t-w16-t0", "t-w32-t0", "t-w16-t1"}
+    assert c.units is not None and set(c.units) == {"t-w8-t0", "t-w16-t0", "t-w32-t0", "t-w16-t1"}
     c = failed_trials_claim(rows(4), 0.1, 8)
     assert c.passed is False and c.margin == pytest.approx((1.0 - 1.1) / 1.1)
     c = failed_trials_claim(rows(16, "collapsed: constant output"), 0.1, 8)
-    assert c.passed is False and "t-w16-t1" not in c.units
+    assert c.passed is False and c.units is not None and "t-w16-t1" not in c.units
     one = rows(16)
     c = failed_trials_claim(one[one["trial"] == 0], 0.1, 8)
     assert c.passed is None and "one trial" in c.reason
