@@ -253,9 +253,10 @@ def _over(frame: pd.DataFrame, value) -> float:
 
 def quick_claims(cfg: Config, t: pd.DataFrame) -> list:
     """Q1-Q7 of docs/theory/leaky-resnets.md §5.4, F4 at the largest L̃, F1, F5 and Fig. 1 (b)-(d)'s caption
-    (`fig1_profile_claims`); each from its thresholds above. Premise "critical" where the statement rests on the critical-point equations: the Hamiltonians ĥ, ĥ_γ
-    (conserved only there, §3.2: Q1, Q3, Q7, F1), Prop. 5's non-negativity (Q6) and Theorem 4 (F5); the
-    observations of Fig. 1 on trained nets (COI, spectra, κ: Q2, Q4, Q5, F4) have none."""
+    (`fig1_profile_claims`); each from its thresholds above. Premise "critical" where the statement rests on the
+    critical-point equations: the Hamiltonians ĥ, ĥ_γ (conserved only there, §3.2: Q1, Q3, Q7, F1), Prop. 5's
+    non-negativity (Q6) and Theorem 4 (F5); the observations of Fig. 1 on trained nets (COI, spectra, κ: Q2, Q4,
+    Q5, F4) have none."""
     k = lb.bottleneck_rank(cfg)
     Lts = t["effective_depth"].tolist()
     return [
