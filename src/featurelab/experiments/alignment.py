@@ -51,22 +51,22 @@ NON_NEGATIVE = Threshold(0.0, ">=", source="Le & Jegelka 2022 Theorem 2: ratio â
 
 
 class Config(ExperimentConfig):
-    widths: list[PositiveInt] = Field([32, 32, 16, 16], min_length=2)
-    linear_tail: int = Field(3, ge=1)
-    init_scale: float = Field(0.2, gt=0)
-    lr: float = Field(0.2, gt=0)
-    steps: int = Field(5000, ge=1)
-    log_every: int = Field(50, ge=1)
-    seeds: list[int] = Field([0, 1, 2], min_length=1)
-    tanh_seeds: list[int] = Field([0])
-    conv_seeds: list[int] = Field([0])  # one more run each: the conv and ResNetFree tail of `conv_tail_net`
-    conv_steps: int = Field(500, ge=1)
-    conv_lr: float = Field(0.1, gt=0)
-    conv_init_scale: float = Field(0.5, gt=0)
-    conv_n_train: int = Field(64, ge=2)
-    n_train: int = Field(200, ge=2)
-    d: int = Field(10, ge=1)
-    margin: float = Field(0.1, ge=0)
+    widths: list[PositiveInt] = Field(default=[32, 32, 16, 16], min_length=2)
+    linear_tail: int = Field(default=3, ge=1)
+    init_scale: float = Field(default=0.2, gt=0)
+    lr: float = Field(default=0.2, gt=0)
+    steps: int = Field(default=5000, ge=1)
+    log_every: int = Field(default=50, ge=1)
+    seeds: list[int] = Field(default=[0, 1, 2], min_length=1)
+    tanh_seeds: list[int] = Field(default=[0])
+    conv_seeds: list[int] = Field(default=[0])  # one more run each: the conv and ResNetFree tail of `conv_tail_net`
+    conv_steps: int = Field(default=500, ge=1)
+    conv_lr: float = Field(default=0.1, gt=0)
+    conv_init_scale: float = Field(default=0.5, gt=0)
+    conv_n_train: int = Field(default=64, ge=2)
+    n_train: int = Field(default=200, ge=2)
+    d: int = Field(default=10, ge=1)
+    margin: float = Field(default=0.1, ge=0)
 
 
 PRESETS = {

@@ -86,29 +86,29 @@ COLORS = dict(zip(CLASSES, ("tab:gray", "tab:orange", "tab:green", "tab:blue")))
 
 
 class Config(ExperimentConfig):
-    d: int = Field(10, ge=2)
+    d: int = Field(default=10, ge=2)
     dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
-    n_train: int = Field(200, ge=2)
-    n_test: int = Field(200, ge=1)
-    hidden: int = Field(100, ge=1)
-    width: int = Field(64, ge=3)
-    depths: list[PositiveInt] = Field([4, 6, 9, 12], min_length=1)
-    seeds: list[int] = Field([0, 1], min_length=1)
-    lams: list[NonNegativeFloat] = Field([1e-2], min_length=1)
-    steps: int = Field(6000, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    lr_min: float = Field(3e-6, ge=0)
-    sv_threshold: float = Field(0.1, gt=0)
-    rep_rel: float = Field(0.02, gt=0)
-    fit_threshold: float = Field(0.05, gt=0)
-    jacobian_tol: float = Field(1e-3, gt=0)
-    ntk_points: int = Field(16, ge=1)
-    slope_tolerance: float = Field(0.15, gt=0)
+    n_train: int = Field(default=200, ge=2)
+    n_test: int = Field(default=200, ge=1)
+    hidden: int = Field(default=100, ge=1)
+    width: int = Field(default=64, ge=3)
+    depths: list[PositiveInt] = Field(default=[4, 6, 9, 12], min_length=1)
+    seeds: list[int] = Field(default=[0, 1], min_length=1)
+    lams: list[NonNegativeFloat] = Field(default=[1e-2], min_length=1)
+    steps: int = Field(default=6000, ge=1)
+    lr: float = Field(default=3e-3, gt=0)
+    lr_min: float = Field(default=3e-6, ge=0)
+    sv_threshold: float = Field(default=0.1, gt=0)
+    rep_rel: float = Field(default=0.02, gt=0)
+    fit_threshold: float = Field(default=0.05, gt=0)
+    jacobian_tol: float = Field(default=1e-3, gt=0)
+    ntk_points: int = Field(default=16, ge=1)
+    slope_tolerance: float = Field(default=0.15, gt=0)
     certify: PositiveFloat | None = Field(
-        1e-6, description="stationarity tolerance of each unit's critical-point certificate (None: no polish)"
+        default=1e-6, description="stationarity tolerance of each unit's critical-point certificate (None: no polish)"
     )
-    log_every: int = Field(500, ge=1)
-    checkpoint_every: int = Field(2000, ge=0)
+    log_every: int = Field(default=500, ge=1)
+    checkpoint_every: int = Field(default=2000, ge=0)
 
 
 PRESETS = {

@@ -46,19 +46,19 @@ from .width_plateau import CARATHEODORY, CERTIFY, shrink
 class Config(OptimizerConfig, ExperimentConfig):
     """The graph, widths and trials; the schedule is an `OptimizerConfig` (Adam, then full-batch GD)."""
 
-    construction_sizes: list[PositiveInt] = Field([4, 6, 8], min_length=1)
+    construction_sizes: list[PositiveInt] = Field(default=[4, 6, 8], min_length=1)
     dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
-    onehot_sizes: list[PositiveInt] = Field([3, 5, 2], min_length=1)
-    N: int = Field(6, ge=2, le=200)
-    lam: float = Field(1e-2, gt=0)
-    widths: list[PositiveInt] = Field([4, 6, 8, 9, 12], min_length=1)
-    trials: int = Field(2, ge=1, le=1000)
-    adam_steps: int = Field(3000, ge=1)
-    adam_lr: float = Field(1e-2, gt=0)
-    gd_steps: int = Field(0, ge=0)
-    gd_lr: float = Field(0.05, gt=0)
-    near: float = Field(0.01, gt=0)
-    log_every: int = Field(500, ge=1)
+    onehot_sizes: list[PositiveInt] = Field(default=[3, 5, 2], min_length=1)
+    N: int = Field(default=6, ge=2, le=200)
+    lam: float = Field(default=1e-2, gt=0)
+    widths: list[PositiveInt] = Field(default=[4, 6, 8, 9, 12], min_length=1)
+    trials: int = Field(default=2, ge=1, le=1000)
+    adam_steps: int = Field(default=3000, ge=1)
+    adam_lr: float = Field(default=1e-2, gt=0)
+    gd_steps: int = Field(default=0, ge=0)
+    gd_lr: float = Field(default=0.05, gt=0)
+    near: float = Field(default=0.01, gt=0)
+    log_every: int = Field(default=500, ge=1)
 
 
 PRESETS = {

@@ -65,19 +65,19 @@ CIRCLE_EXACT = Threshold(
 
 
 class Config(ExperimentConfig):
-    n_points: int = Field(8, ge=2)
-    depth: int = Field(3, ge=2)
-    widths: list[PositiveInt] = Field([2, 4, 8, 16, 32, 64], min_length=1)
-    restarts: int = Field(20, ge=1)
-    steps: int = Field(4000, ge=1)
-    lr: float = Field(0.05, gt=0)
-    rank_one_widths: list[PositiveInt] = Field([4, 8, 32], min_length=1)  # its claim needs a rank-one width
-    rank_one_restarts: int = Field(20, ge=1)
-    rank_one_steps: int = Field(3000, ge=1)
-    phi_points: int = Field(8 * 900 + 1, ge=9)
-    success_margin: float = Field(1e-3, gt=0)
-    rank_two_s2_s1: float = Field(0.5, gt=0, le=1)
-    trace_points: int = Field(200, ge=2)
+    n_points: int = Field(default=8, ge=2)
+    depth: int = Field(default=3, ge=2)
+    widths: list[PositiveInt] = Field(default=[2, 4, 8, 16, 32, 64], min_length=1)
+    restarts: int = Field(default=20, ge=1)
+    steps: int = Field(default=4000, ge=1)
+    lr: float = Field(default=0.05, gt=0)
+    rank_one_widths: list[PositiveInt] = Field(default=[4, 8, 32], min_length=1)  # its claim needs a rank-one width
+    rank_one_restarts: int = Field(default=20, ge=1)
+    rank_one_steps: int = Field(default=3000, ge=1)
+    phi_points: int = Field(default=8 * 900 + 1, ge=9)
+    success_margin: float = Field(default=1e-3, gt=0)
+    rank_two_s2_s1: float = Field(default=0.5, gt=0, le=1)
+    trace_points: int = Field(default=200, ge=2)
     seed: int = 1
 
 

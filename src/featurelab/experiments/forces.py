@@ -57,20 +57,20 @@ class Config(OptimizerConfig, ExperimentConfig):
 
     dataset: Literal["digits", "mnist"] = "digits"
     dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
-    n_train: int = Field(1000, ge=10)
+    n_train: int = Field(default=1000, ge=10)
     mnist_path: str | None = None
-    width: int = Field(64, ge=1)
-    depth: int = Field(3, ge=2)
-    bias: float = Field(1.0, ge=0)
-    lam: float = Field(1e-2, gt=0)
-    adam_steps: int = Field(3000, ge=0)
-    adam_lr: float = Field(1e-2, gt=0)
-    gd_steps: int = Field(2000, ge=0)
-    gd_lr: float = Field(0.05, gt=0)
-    ray_cosine: float = Field(0.99, gt=0, le=1)
-    ray_majority: float = Field(0.5, gt=0, le=1)
-    max_points: int = Field(500, ge=10)
-    log_every: int = Field(500, ge=1)
+    width: int = Field(default=64, ge=1)
+    depth: int = Field(default=3, ge=2)
+    bias: float = Field(default=1.0, ge=0)
+    lam: float = Field(default=1e-2, gt=0)
+    adam_steps: int = Field(default=3000, ge=0)
+    adam_lr: float = Field(default=1e-2, gt=0)
+    gd_steps: int = Field(default=2000, ge=0)
+    gd_lr: float = Field(default=0.05, gt=0)
+    ray_cosine: float = Field(default=0.99, gt=0, le=1)
+    ray_majority: float = Field(default=0.5, gt=0, le=1)
+    max_points: int = Field(default=500, ge=10)
+    log_every: int = Field(default=500, ge=1)
 
 
 PRESETS = {

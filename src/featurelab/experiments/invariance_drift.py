@@ -48,14 +48,14 @@ CONTROL_SLOPE = Threshold(0.3, "<=", source="ours: a control drift that does not
 
 
 class Config(ExperimentConfig):
-    etas: list[PositiveFloat] = Field([0.08, 0.04, 0.02, 0.01], min_length=2)
-    tau: float = Field(50.0, gt=0)
-    init_scale: float = Field(1.0, gt=0)
-    n_train: int = Field(200, ge=2)
-    margin: float = Field(0.1, ge=0)
-    archs: list[str] = Field(list(ARCHS), min_length=1)
-    seeds: list[int] = Field([0], min_length=1)
-    logs: int = Field(10, ge=1)
+    etas: list[PositiveFloat] = Field(default=[0.08, 0.04, 0.02, 0.01], min_length=2)
+    tau: float = Field(default=50.0, gt=0)
+    init_scale: float = Field(default=1.0, gt=0)
+    n_train: int = Field(default=200, ge=2)
+    margin: float = Field(default=0.1, ge=0)
+    archs: list[str] = Field(default=list(ARCHS), min_length=1)
+    seeds: list[int] = Field(default=[0], min_length=1)
+    logs: int = Field(default=10, ge=1)
 
 
 PRESETS = {

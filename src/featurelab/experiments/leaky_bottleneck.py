@@ -45,32 +45,33 @@ from .base import Analysis, Experiment, TrainingUnit
 
 
 class Config(ExperimentConfig):
-    teacher_dims: list[PositiveInt] = Field([10, 3, 10], min_length=3)
+    teacher_dims: list[PositiveInt] = Field(default=[10, 3, 10], min_length=3)
     teacher_kind: Literal["fcnn", "resnet"] = "fcnn"
-    teacher_hidden: int = Field(64, ge=1)
-    n_train: int = Field(256, ge=2)
-    n_test: int = Field(256, ge=0)
-    width: int = Field(40, ge=1)
-    depth: int = Field(16, ge=1)
-    effective_depth: float = Field(8.0, gt=0)
+    teacher_hidden: int = Field(default=64, ge=1)
+    n_train: int = Field(default=256, ge=2)
+    n_test: int = Field(default=256, ge=0)
+    width: int = Field(default=40, ge=1)
+    depth: int = Field(default=16, ge=1)
+    effective_depth: float = Field(default=8.0, gt=0)
     steps: Literal["equidistant", "irregular", "adaptive"] = "equidistant"
-    lam: float = Field(0.02, gt=0)
+    lam: float = Field(default=0.02, gt=0)
     lams: list[PositiveFloat] = Field(
-        [], description="further λ, one unit each next to `lam` (the paper preset: the paper's literal 0.002)"
+        default=[], description="further λ, one unit each next to `lam` (the paper preset: the paper's literal 0.002)"
     )
-    adam_steps: int = Field(15000, ge=0)
-    adam_lr: float = Field(3e-3, gt=0)
-    adam_lr_min: float = Field(3e-6, ge=0)
+    adam_steps: int = Field(default=15000, ge=0)
+    adam_lr: float = Field(default=3e-3, gt=0)
+    adam_lr_min: float = Field(default=3e-6, ge=0)
     adam_schedule: Literal["constant", "cosine"] = "cosine"
-    gd_steps: int = Field(0, ge=0)
-    gd_lr: float = Field(1e-4, gt=0)
-    lbfgs_steps: int = Field(0, ge=0)
-    lbfgs_lr: float = Field(1.0, gt=0)
-    log_every: int = Field(250, ge=1)
-    checkpoint_every: int = Field(2500, ge=0)
+    gd_steps: int = Field(default=0, ge=0)
+    gd_lr: float = Field(default=1e-4, gt=0)
+    lbfgs_steps: int = Field(default=0, ge=0)
+    lbfgs_lr: float = Field(default=1.0, gt=0)
+    log_every: int = Field(default=250, ge=1)
+    checkpoint_every: int = Field(default=2500, ge=0)
     dtype: Literal["float32", "float64"] = "float32"
     certify: PositiveFloat | None = Field(
-        1e-6, description="Clarke-residual tolerance of each unit's critical-point certificate (None: not certified)"
+        default=1e-6,
+        description="Clarke-residual tolerance of each unit's critical-point certificate (None: not certified)",
     )
 
     @model_validator(mode="after")

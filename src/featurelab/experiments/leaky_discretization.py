@@ -59,23 +59,23 @@ SCHEMES = ("equidistant", "irregular", "adaptive")
 
 
 class Config(lb.Config):
-    teacher_dims: list[PositiveInt] = Field([30, 6, 3, 30], min_length=3)
+    teacher_dims: list[PositiveInt] = Field(default=[30, 6, 3, 30], min_length=3)
     teacher_kind: Literal["fcnn", "resnet"] = "resnet"
-    n_train: int = Field(512, ge=2)
-    n_test: int = Field(512, ge=0)
-    width: int = Field(32, ge=1)
-    depth: int | None = Field(None, description="set per unit from depths")
-    depths: list[PositiveInt] = Field([4, 8, 16], min_length=2)
-    effective_depth: float = Field(3.0, gt=0)
-    steps: Literal["equidistant", "irregular", "adaptive"] | None = Field(None, description="set per unit")
-    schemes: list[Literal["equidistant", "irregular", "adaptive"]] = Field(list(SCHEMES), min_length=1)
-    n_seeds: int = Field(3, ge=1, le=1000)
+    n_train: int = Field(default=512, ge=2)
+    n_test: int = Field(default=512, ge=0)
+    width: int = Field(default=32, ge=1)
+    depth: int | None = Field(default=None, description="set per unit from depths")
+    depths: list[PositiveInt] = Field(default=[4, 8, 16], min_length=2)
+    effective_depth: float = Field(default=3.0, gt=0)
+    steps: Literal["equidistant", "irregular", "adaptive"] | None = Field(default=None, description="set per unit")
+    schemes: list[Literal["equidistant", "irregular", "adaptive"]] = Field(default=list(SCHEMES), min_length=1)
+    n_seeds: int = Field(default=3, ge=1, le=1000)
     lam: float = Field(
-        0.06, gt=0
+        default=0.06, gt=0
     )  # [ours] calibration, 0.002·d_out; the paper's literal λ is 0.002 (docs/leaky-resnets.md)
-    adam_steps: int = Field(4000, ge=0)
-    reference_depth: int = Field(16, ge=1, description="L of the spectra and PCA figures")
-    pca_points: int = Field(50, ge=1)
+    adam_steps: int = Field(default=4000, ge=0)
+    reference_depth: int = Field(default=16, ge=1, description="L of the spectra and PCA figures")
+    pca_points: int = Field(default=50, ge=1)
 
     @model_validator(mode="after")
     def _valid_steps(self):

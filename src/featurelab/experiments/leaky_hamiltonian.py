@@ -39,10 +39,10 @@ LARGE = 5.0  # "L̃ >= 5" of Q5 and Q7 (docs/theory/leaky-resnets.md §5.4)
 
 
 class Config(lb.Config):
-    effective_depth: float | None = Field(None, description="set per unit from effective_depths")
-    effective_depths: list[PositiveFloat] = Field([2.0, 5.0, 8.0], min_length=3)
-    profile_depths: list[PositiveFloat] = Field([2.0, 5.0, 8.0], min_length=1, max_length=3)
-    gamma0: float = Field(1e-3, ge=0)
+    effective_depth: float | None = Field(default=None, description="set per unit from effective_depths")
+    effective_depths: list[PositiveFloat] = Field(default=[2.0, 5.0, 8.0], min_length=3)
+    profile_depths: list[PositiveFloat] = Field(default=[2.0, 5.0, 8.0], min_length=1, max_length=3)
+    gamma0: float = Field(default=1e-3, ge=0)
     gamma_mode: Literal["relative", "absolute"] = "relative"
     claims: Literal["quick", "paper"] = "quick"
 

@@ -62,30 +62,30 @@ SingularValue = Annotated[float, Field(gt=0, le=100)]
 
 
 class Config(ExperimentConfig):
-    d: int = Field(6, ge=2, le=256)
+    d: int = Field(default=6, ge=2, le=256)
     dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
-    n_train: int = Field(128, ge=8, le=100000)
-    n_test: int = Field(64, ge=1, le=100000)
-    width: int = Field(32, ge=4, le=4096)
-    depths: list[Depth] = Field([4, 6, 8, 10], min_length=3)
-    seeds: list[int] = Field([0, 1], min_length=1)
+    n_train: int = Field(default=128, ge=8, le=100000)
+    n_test: int = Field(default=64, ge=1, le=100000)
+    width: int = Field(default=32, ge=4, le=4096)
+    depths: list[Depth] = Field(default=[4, 6, 8, 10], min_length=3)
+    seeds: list[int] = Field(default=[0, 1], min_length=1)
     singular_values: tuple[SingularValue, SingularValue] = (3.0, 1.5)
     inner: tuple[SingularValue, SingularValue] = (1.5, 2.0)
-    radius: float = Field(1.0, gt=0, le=100)
-    lam: PositiveFloat = Field(1e-2, le=1)
-    steps: int = Field(5000, ge=1, le=10**7)
-    lr: float = Field(1e-2, gt=0, le=1)
-    lr_min: float = Field(1e-5, ge=0, le=1)
-    fit_threshold: float = Field(0.05, gt=0)
-    cost_rtol: float = Field(0.02, gt=0, le=1)
-    r1_atol: float = Field(0.1, gt=0)
-    slope_tolerance: float = Field(0.15, gt=0)
+    radius: float = Field(default=1.0, gt=0, le=100)
+    lam: PositiveFloat = Field(default=1e-2, le=1)
+    steps: int = Field(default=5000, ge=1, le=10**7)
+    lr: float = Field(default=1e-2, gt=0, le=1)
+    lr_min: float = Field(default=1e-5, ge=0, le=1)
+    fit_threshold: float = Field(default=0.05, gt=0)
+    cost_rtol: float = Field(default=0.02, gt=0, le=1)
+    r1_atol: float = Field(default=0.1, gt=0)
+    slope_tolerance: float = Field(default=0.15, gt=0)
     certify: PositiveFloat | None = Field(
-        1e-6, description="stationarity tolerance of each unit's critical-point certificate (None: no polish)"
+        default=1e-6, description="stationarity tolerance of each unit's critical-point certificate (None: no polish)"
     )
-    jacobian_rtol: float = Field(1e-3, gt=0, lt=1)
-    log_every: int = Field(500, ge=1)
-    checkpoint_every: int = Field(0, ge=0)
+    jacobian_rtol: float = Field(default=1e-3, gt=0, lt=1)
+    log_every: int = Field(default=500, ge=1)
+    checkpoint_every: int = Field(default=0, ge=0)
 
     @field_validator("depths")
     @classmethod

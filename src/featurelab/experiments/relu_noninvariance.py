@@ -39,16 +39,16 @@ BLOCKS = ("AA", "BB", "AB", "diag")
 
 
 class Config(ExperimentConfig):
-    etas: list[PositiveFloat] = Field([0.1, 0.05, 0.025], min_length=2)
-    tau: float = Field(100.0, gt=0)
-    width: int = Field(32, ge=2)
-    n_linear: int = Field(8, ge=1)
-    init_scale: float = Field(1.0, gt=0)
-    check_every: int = Field(100, ge=1)
-    seeds: list[int] = Field([0], min_length=1)
-    plain_eta: float = Field(0.05, gt=0)
-    n_train: int = Field(200, ge=2)
-    margin: float = Field(0.1, ge=0)
+    etas: list[PositiveFloat] = Field(default=[0.1, 0.05, 0.025], min_length=2)
+    tau: float = Field(default=100.0, gt=0)
+    width: int = Field(default=32, ge=2)
+    n_linear: int = Field(default=8, ge=1)
+    init_scale: float = Field(default=1.0, gt=0)
+    check_every: int = Field(default=100, ge=1)
+    seeds: list[int] = Field(default=[0], min_length=1)
+    plain_eta: float = Field(default=0.05, gt=0)
+    n_train: int = Field(default=200, ge=2)
+    margin: float = Field(default=0.1, ge=0)
 
 
 PRESETS = {

@@ -56,31 +56,31 @@ REF = "Bantzis, Simon, Jacot 2025 (arXiv 2505.21722) Fig. 1, App. B Figs. 3-4; d
 
 
 class Config(ExperimentConfig):
-    dataset: str = Field("digits", pattern="^(digits|mnist)$")
+    dataset: str = Field(default="digits", pattern="^(digits|mnist)$")
     mnist_path: str | None = None
-    n_train: int | None = Field(None, ge=10)
-    depth: int = Field(6, ge=2)
-    width: int = Field(64, ge=1)
-    init_std: float = Field(0.01, gt=0)
-    batch_size: int = Field(128, ge=1)
+    n_train: int | None = Field(default=None, ge=10)
+    depth: int = Field(default=6, ge=2)
+    width: int = Field(default=64, ge=1)
+    init_std: float = Field(default=0.01, gt=0)
+    batch_size: int = Field(default=128, ge=1)
     drop_last: bool = False
-    steps: int = Field(60000, ge=1)
-    lr_c: float = Field(20.0, gt=0)
-    lr_min: float = Field(0.05, ge=0)
-    max_step: float | None = Field(0.25, gt=0)
-    log_every: int = Field(250, ge=1)
-    checkpoint_every: int = Field(10000, ge=0)
-    seeds: int = Field(3, ge=1, le=1000)
-    dtype: str = Field("float32", pattern="^(float32|float64)$")
-    plateau_min_steps: int = Field(3000, ge=1)
-    claim_min_steps: int = Field(5000, ge=1)
-    second_level: list[float] = Field([1.6, 2.1], min_length=2, max_length=2)
+    steps: int = Field(default=60000, ge=1)
+    lr_c: float = Field(default=20.0, gt=0)
+    lr_min: float = Field(default=0.05, ge=0)
+    max_step: float | None = Field(default=0.25, gt=0)
+    log_every: int = Field(default=250, ge=1)
+    checkpoint_every: int = Field(default=10000, ge=0)
+    seeds: int = Field(default=3, ge=1, le=1000)
+    dtype: str = Field(default="float32", pattern="^(float32|float64)$")
+    plateau_min_steps: int = Field(default=3000, ge=1)
+    claim_min_steps: int = Field(default=5000, ge=1)
+    second_level: list[float] = Field(default=[1.6, 2.1], min_length=2, max_length=2)
     distinct_plateaus: bool = True
-    depth_trend_max: float = Field(-0.8, ge=-1, le=1)
+    depth_trend_max: float = Field(default=-0.8, ge=-1, le=1)
 
 
 class MnistConfig(Config):
-    dataset: str = Field("mnist", pattern="^(digits|mnist)$")
+    dataset: str = Field(default="mnist", pattern="^(digits|mnist)$")
 
 
 # Training runs in float32 (the reference ≈30 s per seed is float32 speed); diagnostics are float64. The

@@ -46,24 +46,26 @@ from .base import Analysis, Experiment, TrainingUnit
 
 
 class Config(ExperimentConfig):
-    d: int = Field(10, ge=3)
+    d: int = Field(default=10, ge=3)
     dtype: Literal["float32", "float64"] = "float32"  # the trained networks' dtype
-    T: int = Field(10, ge=1)
-    eta: float = Field(0.05, gt=0)
-    eps: float = Field(0.01, ge=0)
-    n_train: int = Field(512, ge=2)
-    n_test: int = Field(512, ge=16)
-    width: int = Field(64, ge=3)
-    depths: list[PositiveInt] = Field([8], min_length=1)
-    lams: list[NonNegativeFloat] = Field([3e-3], min_length=1)
-    steps: int = Field(20000, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    lr_min: float = Field(3e-6, ge=0)
-    n_paths: int = Field(12, ge=1)
-    gf_substeps: int = Field(10, ge=1, description="GD steps of size η/gf_substeps per task step: the paths' flow")
-    n_symmetries: int = Field(3, ge=1)
-    log_every: int = Field(500, ge=1)
-    checkpoint_every: int = Field(2000, ge=0)
+    T: int = Field(default=10, ge=1)
+    eta: float = Field(default=0.05, gt=0)
+    eps: float = Field(default=0.01, ge=0)
+    n_train: int = Field(default=512, ge=2)
+    n_test: int = Field(default=512, ge=16)
+    width: int = Field(default=64, ge=3)
+    depths: list[PositiveInt] = Field(default=[8], min_length=1)
+    lams: list[NonNegativeFloat] = Field(default=[3e-3], min_length=1)
+    steps: int = Field(default=20000, ge=1)
+    lr: float = Field(default=3e-3, gt=0)
+    lr_min: float = Field(default=3e-6, ge=0)
+    n_paths: int = Field(default=12, ge=1)
+    gf_substeps: int = Field(
+        default=10, ge=1, description="GD steps of size η/gf_substeps per task step: the paths' flow"
+    )
+    n_symmetries: int = Field(default=3, ge=1)
+    log_every: int = Field(default=500, ge=1)
+    checkpoint_every: int = Field(default=2000, ge=0)
 
 
 PRESETS = {

@@ -37,12 +37,12 @@ FIT = Threshold(0.1, "<=", source="ours: a trained net keeps at most a tenth of 
 class Config(ExperimentConfig):
     """The teacher, the net, λ and the optimizer (an `OptimizerConfig`: ``--set optimizer.adam_steps=500``)."""
 
-    teacher_dims: list[int] = Field([6, 2, 6], min_length=3)
-    n_train: int = Field(128, ge=2)
-    width: int = Field(32, ge=1)
-    depth: int = Field(3, ge=2)
-    lam: float = Field(1e-3, ge=0)
-    seeds: list[int] = Field([0, 1], min_length=1)
+    teacher_dims: list[int] = Field(default=[6, 2, 6], min_length=3)
+    n_train: int = Field(default=128, ge=2)
+    width: int = Field(default=32, ge=1)
+    depth: int = Field(default=3, ge=2)
+    lam: float = Field(default=1e-3, ge=0)
+    seeds: list[int] = Field(default=[0, 1], min_length=1)
     optimizer: OptimizerConfig = OptimizerConfig(adam_steps=2000, adam_lr=3e-3, log_every=100)
 
 

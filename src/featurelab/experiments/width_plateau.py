@@ -93,7 +93,7 @@ class Sweep(OptimizerConfig):
 
 
 class Config(ExperimentConfig):
-    datasets: list[Literal["digits", "teacher", "mnist"]] = Field(["digits", "teacher"], min_length=1)
+    datasets: list[Literal["digits", "teacher", "mnist"]] = Field(default=["digits", "teacher"], min_length=1)
     digits: Sweep = Sweep(widths=[2, 4, 6, 8, 10, 12, 16, 24, 32, 64], trials=2, adam_steps=4000, gd_steps=1000)
     teacher: Sweep = Sweep(widths=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64], trials=3, adam_steps=3000, gd_steps=1000)
     mnist: Sweep = Sweep(
@@ -103,13 +103,13 @@ class Config(ExperimentConfig):
         adam_lr=1e-3,
         gd_steps=5000,
     )
-    digits_n_train: int = Field(1000, ge=10)
-    teacher_d_in: int = Field(10, ge=1)
-    teacher_width: int = Field(8, ge=1)
-    teacher_depth: int = Field(3, ge=1)
-    teacher_d_out: int = Field(1, ge=1)
-    teacher_n_train: int = Field(200, ge=2)
-    teacher_n_test: int = Field(1000, ge=0)
+    digits_n_train: int = Field(default=1000, ge=10)
+    teacher_d_in: int = Field(default=10, ge=1)
+    teacher_width: int = Field(default=8, ge=1)
+    teacher_depth: int = Field(default=3, ge=1)
+    teacher_d_out: int = Field(default=1, ge=1)
+    teacher_n_train: int = Field(default=200, ge=2)
+    teacher_n_test: int = Field(default=1000, ge=0)
     mnist_path: str | None = None
     dtype: Literal["float32", "float64"] = "float32"
 
