@@ -13,6 +13,7 @@ import io
 import os
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from ._version import __version__
@@ -425,6 +426,21 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(sig, handler)
 
 
+@contextmanager
+def _interrupts_held():
+    """SIGINT and SIGTERM held back while torch's C extensions load (a KeyboardInterrupt raised inside their
+    import can abort the process); one that arrives meanwhile is delivered when the block ends."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _main(argv: list[str] | None) -> int:
     command = None
     try:
@@ -432,7 +448,8 @@ def _main(argv: list[str] | None) -> int:
         args = build_parser().parse_args(argv)
         command = args.command
         if command in ("run", "reproduce", "bench", "analyze"):  # the commands that compute: torch is loaded anyway
-            from .training._kernels.gemm import onednn_products
+            with _interrupts_held():
+                from .training._kernels.gemm import onednn_products
 
             onednn_products()  # a bad FEATURELAB_GEMM is one line before anything is written
         from .spelling import command_line
