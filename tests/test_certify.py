@@ -184,14 +184,14 @@ def test_the_release_rule_frees_the_kinks_whose_multipliers_need_a_slope_outside
 
 
 def test_a_kink_set_too_large_for_the_dense_solve_is_refused(monkeypatch):
-    """No unit of the trained net is off on every sample (nothing refused up front); the 9 kinks found x 48
-    parameters x 8 bytes = 3456 bytes exceed the cap at the end."""
+    """No unit of the trained net is off on every sample (nothing refused up front); the 9 kinks found exceed a cap
+    of 8 at the end."""
     import featurelab.training.certify as method
 
-    monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 2000)
+    monkeypatch.setattr(method, "MAX_KINKS", 8)
     net, data = small_mlp()
     c = certify(net, data, "mse", 0.02).certificate
-    assert not c.certified and "too large for the dense KKT solve" in c.rule
+    assert not c.certified and "(9 entries, 48 parameters) is too large for the KKT solve" in c.rule
 
 
 def test_the_kinks_a_net_promises():
@@ -219,11 +219,11 @@ class Unmarked(nn.Module):
 
 def test_a_net_whose_dead_units_promise_too_many_kinks_is_refused_before_anything_moves(monkeypatch):
     """Hidden unit 2's incoming weights zeroed: it is off on all 32 samples, so weight decay will hold its 32 inputs
-    at the kink, and a model that does not say where its neurons sit cannot hold them out of the solve: 32 x 48
-    parameters x 8 bytes = 12288 bytes > the cap of 10000, refused up front."""
+    at the kink, and a model that does not say where its neurons sit cannot hold them out of the solve: 32 kinks > a
+    cap of 31, refused up front."""
     import featurelab.training.certify as method
 
-    monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 10000)
+    monkeypatch.setattr(method, "MAX_KINKS", 31)
     net, data = small_mlp()
     with torch.no_grad():
         net.weights[0][2].zero_()

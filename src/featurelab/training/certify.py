@@ -44,6 +44,7 @@ from torch.overrides import TorchFunctionMode
 from ..checks import positive
 from ..data.dataset import Dataset
 from ..runtime import float64_copy
+from ._kkt import Linearised, Projector, dense_bytes
 from .critical import Certificate, _certificate, _denominator, _Problem, _ratio, minimise
 
 BETAS = (1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7)  # the continuation's smoothing sharpnesses
@@ -56,7 +57,8 @@ SNAP_FLOOR = 1e-14  # the snap stops at this Clarke residual (rounding), or when
 SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on,
 SNAP_GAP = 1e2  # where the kink set stands out by this gap (and after the last stage in any case)
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
-MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely: at most 1 GiB
+MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely up to 1 GiB; larger ones are products (`_kkt`)
+MAX_KINKS = 2**20  # kink sets larger than this are refused: each snap step's LSQR solves grow with K
 ESCAPE_SLACK = 1e-3  # a held neuron escapes when its ratio exceeds 1 + this (live neurons sit at exactly 1)
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
 METHOD = "softplus continuation + active-set Newton snap, float64"
@@ -259,7 +261,8 @@ class _Multipliers:
     """The KKT solve at θ for kink masks: J_0ᵀ = U S Vᵀ truncated to J_0's numerical rank (U: P x rank, an orthonormal
     basis of range(J_0ᵀ)), the min-norm ν, the projected gradient r = g_0 + J_0ᵀν, the slopes s, δ_LS, the penalty
     gradient's norm, a_K, the rank, whether the slopes lie in their box, the box's lower bounds and the output
-    cotangents c_k at the slopes."""
+    cotangents c_k at the slopes. Where J_0 is too large to hold (`MAX_JACOBIAN_BYTES`), U, S, Vh are empty and
+    `free` does their work on products (`_kkt.Projector`)."""
 
     U: torch.Tensor
     S: torch.Tensor
@@ -273,6 +276,23 @@ class _Multipliers:
     feasible: bool
     low: torch.Tensor
     cotangents: torch.Tensor
+    free: Projector | None = None
+
+    def project(self, v: torch.Tensor) -> torch.Tensor:
+        """v's component in null(J_0) (P,)."""
+        return self.free.project(v) if self.free is not None else _project(self.U, v)
+
+    def restoration(self) -> torch.Tensor:
+        """``−J_0⁺a_K`` (P,) (``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` at full rank; ``−U S⁻¹Vᵀa_K``)."""
+        if self.free is not None:
+            return self.free.restoration()
+        return -self.U @ ((self.Vh @ self.a_K) / self.S)
+
+    @property
+    def null_dimension(self) -> int:
+        """dim null(J_0): P − rank (P − K where the matrix-free rank is not known)."""
+        rank = self.rank if self.rank >= 0 else self.slopes.numel()
+        return self.r.numel() - rank
 
 
 def _with(problem: _Problem, mode_factory):
@@ -283,25 +303,9 @@ def _with(problem: _Problem, mode_factory):
 
 def _cut_gradient(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor], K: int):
     """``(g_0, ∇R, a_K, J_0)`` with slope 0 at every kink; J_0 (K x P) by batched vector-Jacobian products."""
-    zeros = torch.zeros(K, dtype=torch.float64)
-    mode = Pieces(masks=masks, slopes=zeros)
-    saved = _with(problem, lambda: mode)
-    try:
-        t = theta.detach().requires_grad_()
-        cost, pen = problem.parts(t)
-    finally:
-        problem.mode = saved
-    g0 = torch.autograd.grad(cost + pen, t, retain_graph=True)[0]
-    problem.cost = float(cost.detach())
-    gr = torch.autograd.grad(pen, t, retain_graph=True)[0] if pen.requires_grad else torch.zeros_like(g0)
-    a_K = torch.cat([z[m] for z, m in zip(mode.inputs, masks)]) if K else theta.new_zeros(0)
-    J = theta.new_zeros(K, theta.numel())
-    for start in range(0, K, 256):
-        n = min(256, K - start)
-        rows = theta.new_zeros(n, K)
-        rows[torch.arange(n), torch.arange(start, start + n)] = 1.0  # one-hot cotangents of a_K
-        J[start : start + n] = torch.autograd.grad(a_K, t, rows, retain_graph=True, is_grads_batched=True)[0]
-    return g0, gr, a_K.detach(), J
+    lin = Linearised(problem, theta, masks, Pieces(masks=masks, slopes=torch.zeros(K, dtype=torch.float64)))
+    problem.cost = lin.cost
+    return lin.g0, lin.gr, lin.a_K, lin.dense()
 
 
 def _probe_cotangents(problem, theta, masks, slopes) -> list[torch.Tensor]:
@@ -328,15 +332,36 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
     dead unit give, leaves ν free in null(J_0ᵀ)) and the slopes that realise them (module docstring); a kink whose
     output cotangent c_k vanishes (a dead unit's: its outgoing weights are 0) keeps slope 1/2, any slope does."""
     K = sum(int(m.sum()) for m in masks)
+    if dense_bytes(K, theta.numel()) > MAX_JACOBIAN_BYTES:
+        return _free_multipliers(problem, theta, masks, leaks, K)
     g0, gr, a_K, J = _cut_gradient(problem, theta, masks, K)
-    bounds = [torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)]
-    low = torch.cat([torch.zeros(0, dtype=torch.float64), *bounds])
     U, S, Vh = torch.linalg.svd(J.T, full_matrices=False)  # P x k, k, k x K (k = min(P, K))
     rank = int((S > RANK_RTOL * float(S[0])).sum()) if K else 0
     U, S, Vh = U[:, :rank], S[:rank], Vh[:rank]
     Ug = U.T @ g0
     r = g0 - U @ Ug
     nu = -(Vh.T @ (Ug / S))  # the min-norm ν: J_0ᵀν = −U Uᵀg_0
+    fields = _realised(problem, theta, masks, leaks, nu, r, gr)
+    return _Multipliers(U, S, Vh, fields[0], r, fields[1], fields[2], a_K, rank, *fields[3:])
+
+
+def _free_multipliers(problem: _Problem, theta, masks: list[torch.Tensor], leaks: list[float], K: int):
+    """`multipliers` without the dense J_0 (`_kkt`): ν by LSQR on products of J_0ᵀ and J_0."""
+    lin = Linearised(problem, theta, masks, Pieces(masks=masks, slopes=torch.zeros(K, dtype=torch.float64)))
+    problem.cost = lin.cost
+    free = Projector(lin)
+    nu, r = free.solve_multipliers()
+    fields = _realised(problem, theta, masks, leaks, nu, r, lin.gr)
+    empty = theta.new_zeros(0)
+    return _Multipliers(empty, empty, empty, fields[0], r, fields[1], fields[2], lin.a_K, free.rank, *fields[3:], free)
+
+
+def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch.Tensor, gr: torch.Tensor):
+    """``(slopes, δ_LS, ‖∇R‖, feasible, low, c)``: the slopes that realise the multipliers ν (K,) (module docstring),
+    δ_LS from the least-squares residual r (P,), the box's lower bounds and the output cotangents c_k."""
+    K = nu.numel()
+    bounds = [torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)]
+    low = torch.cat([torch.zeros(0, dtype=torch.float64), *bounds])
     slopes = torch.full((K,), 0.5, dtype=torch.float64)
     c = torch.zeros(K, dtype=torch.float64)
     for _ in range(len(masks) + 1 if K else 0):  # triangular: exact after as many sweeps as there are kinked calls
@@ -347,7 +372,7 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
         slopes = new
     norm = _denominator(gr, theta, problem.cost, problem.lam)
     feasible = bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
-    return _Multipliers(U, S, Vh, slopes, r, _over(float(r.norm()), norm), norm, a_K, rank, feasible, low, c)
+    return slopes, _over(float(r.norm()), norm), norm, feasible, low, c
 
 
 def _over(x: float, norm: float) -> float:
@@ -398,14 +423,15 @@ def _project(Q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return v - Q @ (Q.T @ v)
 
 
-def _projected_cg(hess, Q, rhs: torch.Tensor, max_steps: int) -> tuple[torch.Tensor, bool]:
-    """Solve ``P H P v = rhs`` on null(J_0) by conjugate gradients; stops on negative curvature (flag True)."""
-    v, r = torch.zeros_like(rhs), _project(Q, rhs)
+def _projected_cg(hess, project, rhs: torch.Tensor, max_steps: int) -> tuple[torch.Tensor, bool]:
+    """Solve ``P H P v = rhs`` on null(J_0) (`project`: v ↦ Pv) by conjugate gradients; stops on negative curvature
+    (flag True)."""
+    v, r = torch.zeros_like(rhs), project(rhs)
     d, rr, tol = r.clone(), float(r @ r), 1e-14 * float(rhs.norm()) ** 2
     for _ in range(max_steps):
         if rr <= tol:
             break
-        Hd = _project(Q, hess(d))
+        Hd = project(hess(d))
         dHd = float(d @ Hd)
         if dHd <= 0:
             return v, True
@@ -419,11 +445,11 @@ def _projected_cg(hess, Q, rhs: torch.Tensor, max_steps: int) -> tuple[torch.Ten
 def snap_step(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[torch.Tensor, bool]:
     """One Newton step of the KKT system on M: restoration ``−J_0⁺a_K`` (= ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` at full rank;
     ``−U S⁻¹Vᵀa_K``) plus the tangent step v ∈ null(J_0) solving ``P∇²𝓛_{s*}P v = −P(r + ∇²𝓛_{s*} d_r)``."""
-    d_r = -m.U @ ((m.Vh @ m.a_K) / m.S)  # −J_0⁺a_K
+    d_r = m.restoration()  # −J_0⁺a_K
     saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
     try:
         hess = problem.hessian_at(theta)
-        v, negative = _projected_cg(hess, m.U, -(m.r + hess(d_r)), min(theta.numel(), 1000))
+        v, negative = _projected_cg(hess, m.project, -(m.r + hess(d_r)), min(theta.numel(), 1000))
     finally:
         problem.mode = saved
     return theta + d_r + v, negative
@@ -432,16 +458,16 @@ def snap_step(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[torch.T
 def reduced_eigenvalues(problem, theta, masks, m: _Multipliers, steps: int = 60) -> tuple[float, float]:
     """Lanczos (full reorthogonalisation, seeded start) on ``P∇²𝓛_{s*}P`` restricted to null(J_0): the
     smallest and largest Ritz values (the extreme eigenvalues converge first)."""
-    n = theta.numel() - m.U.shape[1]
+    n = m.null_dimension
     k = max(1, min(steps, n))
     saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
     try:
         hess = problem.hessian_at(theta)
         gen = torch.Generator().manual_seed(0)
-        q = _project(m.U, torch.randn(theta.numel(), generator=gen, dtype=torch.float64))
+        q = m.project(torch.randn(theta.numel(), generator=gen, dtype=torch.float64))
         V, alphas, betas = [q / q.norm()], [], []
         for j in range(k):
-            w = _project(m.U, hess(V[j]))
+            w = m.project(hess(V[j]))
             alphas.append(float(V[j] @ w))
             B = torch.stack(V)
             w = w - B.T @ (B @ w)
@@ -561,7 +587,7 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
     from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP` (and after the
     last stage), on the live coordinates (`_reduce`: the neurons off or at the kink on every sample zeroed and
     held): stop at the first snap that reaches δ <= tolerance with feasible slopes, or at the first stage whose
-    dying units promise a kink set too large for the dense solve (`_too_large_to_try`). ``(the snap's start, its
+    dying units promise a kink set too large for the KKT solve (`_too_large_to_try`). ``(the snap's start, its
     end, Newton steps of the continuation, the reduced problem they live in)``."""
     steps, t0, theta = 0, time.perf_counter(), problem.theta
     saved, result = problem.mode, None
@@ -594,15 +620,11 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
 
 
 def _too_large(masks: list[torch.Tensor], theta: torch.Tensor) -> str:
-    """The rule that refuses a kink set whose dense Jacobian J_0 (K x P, float64) would exceed `MAX_JACOBIAN_BYTES`
-    ("" when it fits)."""
+    """The rule that refuses a kink set of more than `MAX_KINKS` entries ("" when it fits)."""
     K = sum(int(m.sum()) for m in masks)
-    size = 8.0 * K * theta.numel()
-    if size <= MAX_JACOBIAN_BYTES:
+    if K <= MAX_KINKS:
         return ""
-    return (
-        f"the kink set ({K} entries) is too large for the dense KKT solve ({size:.3g} bytes > {MAX_JACOBIAN_BYTES:.3g})"
-    )
+    return f"the kink set ({K} entries, {theta.numel()} parameters) is too large for the KKT solve (> {MAX_KINKS})"
 
 
 def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float], width: float = 0.0, held: bool = False):
@@ -622,19 +644,16 @@ def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float], width: float = 
 
 def _too_large_to_try(problem: _Problem, theta: torch.Tensor, width: float = 0.0) -> str:
     """The rule that refuses a net before the continuation: when the kinks it already promises (`_kinks_ahead`)
-    would need a dense J_0 over `MAX_JACOBIAN_BYTES` ("" otherwise). Such a net would spend its continuation only
-    to be refused by `_too_large` at its end."""
+    exceed `MAX_KINKS` ("" otherwise). Such a net would spend its continuation only to be refused by `_too_large` at
+    its end."""
     inputs, leaks = activation_inputs(problem, theta)
     dead, kinks = _kinks_ahead(inputs, leaks, width, held=_reducible(problem))
-    size = 8.0 * kinks * problem.theta.numel()
-    if size <= MAX_JACOBIAN_BYTES:
+    if kinks <= MAX_KINKS:
         return ""
     near = f" (or within {width:.2g} of 0)" if width > 0 else ""
     return (
         f"too large to certify: {dead} unit{'' if dead == 1 else 's'} off{near} on every sample "
-        f"and the entries at 0 promise "
-        f"{kinks} kinks, a dense "
-        f"J_0 of {size:.3g} bytes for {problem.theta.numel()} parameters (> {MAX_JACOBIAN_BYTES:.3g})"
+        f"and the entries at 0 promise {kinks} kinks for {problem.theta.numel()} parameters (> {MAX_KINKS})"
     )
 
 
@@ -852,7 +871,7 @@ def certify(
     ``data``'s training set (``N x d_in`` rows) and certify it (module docstring): the continuation, the kink set,
     the snap, then the certificate. `model` is left at the snap's end; ``certificate.certified`` is True when the
     Clarke residual δ <= `tolerance` (evaluated at slopes in [leak, 1]), the kink set's identification gap is >= 1e6
-    (or there are no kinks) and the point is no saddle. A net too large for the dense KKT solve (`_too_large_to_try`)
+    (or there are no kinks) and the point is no saddle. A net too large for the KKT solve (`_too_large_to_try`)
     is refused before anything moves."""
     positive("tolerance", tolerance)
     t0 = time.perf_counter()
