@@ -1,17 +1,16 @@
-"""The snap's KKT algebra on products of J_0 (`featurelab.training._kkt`): the products against a dense Jacobian, the
-LSQR solves against numpy's SVD-based least squares (a rank-deficient J_0 included), and `certify` with the dense
-and the matrix-free solves reaching the same point."""
+"""The snap's KKT algebra on products of J_0 (`featurelab.training._kkt`): the products and the row norms against a
+dense Jacobian, the LSQR solves against numpy's SVD-based least squares (a rank-deficient J_0 included), and
+`certify` with the dense and the matrix-free solves reaching the same point."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from featurelab.data import bottleneck_teacher
 from featurelab.models import MLP, LeakyResNet
 from featurelab.training import Phase, TrainConfig, train
-from featurelab.training._kkt import Linearised, Projector
+from featurelab.training._kkt import Linearised, Projector, row_norms
 from featurelab.training.certify import Pieces, activation_inputs, certify
 from featurelab.training.critical import _Problem
 
@@ -64,31 +63,56 @@ def test_products_are_those_of_the_dense_jacobian():
     np.testing.assert_allclose(lin.dense().numpy(), J, rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("share", [0.1, 0.5])
-def test_solves_are_numpy_min_norm_least_squares(share):
-    """share 0.5 takes inputs of the fixed input map (zero rows of J_0: rank-deficient) and more kinks per unit than
-    its layer has inputs; the min-norm solutions still agree with numpy's SVD-based lstsq, the restoration (an
-    inconsistent system there) to its sensitivity to rounding, κ²·1e-16 with κ the condition of J_0 on its range."""
+def test_row_norms_are_estimated_within_a_preconditioners_need():
     problem = leaky_problem()
-    masks = masks_of(problem, share, fixed=share == 0.5)
+    masks = masks_of(problem, 0.2)
+    lin, J = linearised(problem, masks), dense_jacobian(problem, masks)
+    ratio = row_norms(lin).numpy() / np.linalg.norm(J, axis=1)
+    assert 0.5 <= ratio.min() and ratio.max() <= 1.5, ratio
+
+
+def test_solves_are_numpy_least_squares_at_full_rank():
+    problem = leaky_problem()
+    masks = masks_of(problem, 0.1)
     lin, J = linearised(problem, masks), dense_jacobian(problem, masks)
     free = Projector(lin)
-    sv = np.linalg.svd(J, compute_uv=False)
-    rank = int((sv > 1e-10 * sv[0]).sum())
-    assert (rank < lin.K) == (share == 0.5), (rank, lin.K)
-    tol = 1e-10 if rank == lin.K else 1e-16 * (sv[0] / sv[rank - 1]) ** 2
+    assert np.linalg.matrix_rank(J) == lin.K and free.rank == lin.K
     g0, a_K = lin.g0.numpy(), lin.a_K.numpy()
     nu, r = free.solve_multipliers()
-    nu_np = np.linalg.lstsq(J.T, -g0, rcond=1e-10)[0]
+    nu_np = np.linalg.lstsq(J.T, -g0, rcond=None)[0]
     np.testing.assert_allclose(nu.numpy(), nu_np, rtol=0, atol=1e-10 * np.abs(nu_np).max())
     np.testing.assert_allclose(r.numpy(), g0 + J.T @ nu_np, rtol=0, atol=1e-10 * np.abs(g0).max())
-    restore = np.linalg.lstsq(J, -a_K, rcond=1e-10)[0]
-    np.testing.assert_allclose(free.restoration().numpy(), restore, rtol=0, atol=tol * np.abs(restore).max())
-    U = np.linalg.svd(J.T, full_matrices=False)[0][:, :rank]
+    restore = np.linalg.lstsq(J, -a_K, rcond=None)[0]
+    np.testing.assert_allclose(free.restoration().numpy(), restore, rtol=0, atol=1e-10 * np.abs(restore).max())
+    v = torch.randn(lin.P, generator=torch.Generator().manual_seed(1), dtype=F64)
+    U = np.linalg.svd(J.T, full_matrices=False)[0]
+    np.testing.assert_allclose(free.project(v).numpy(), v.numpy() - U @ (U.T @ v.numpy()), rtol=0, atol=1e-10)
+
+
+def test_solves_on_a_rank_deficient_jacobian():
+    """Kinks of the fixed input map (zero rows of J_0) and more kinks per unit than its layer has inputs: r and the
+    projector are unique and agree with numpy's SVD to their sensitivity to rounding, κ²·1e-16 (κ: J_0's condition
+    on its range); the restoration lies in range(J_0ᵀ) (min-norm) and solves the row-scaled normal equations
+    ``J_0ᵀD⁻²(J_0d + a_K) = 0``; the rank is reported as not full."""
+    problem = leaky_problem()
+    masks = masks_of(problem, 0.5, fixed=True)
+    lin, J = linearised(problem, masks), dense_jacobian(problem, masks)
+    free = Projector(lin)
+    U, sv, _ = np.linalg.svd(J.T, full_matrices=False)
+    rank = int((sv > 1e-10 * sv[0]).sum())
+    U, tol = U[:, :rank], 1e-16 * (sv[0] / sv[rank - 1]) ** 2
+    assert rank < lin.K and free.rank == -1
+    g0, a_K = lin.g0.numpy(), lin.a_K.numpy()
+    _, r = free.solve_multipliers()
+    np.testing.assert_allclose(r.numpy(), g0 - U @ (U.T @ g0), rtol=0, atol=tol * np.abs(g0).max())
     v = torch.randn(lin.P, generator=torch.Generator().manual_seed(1), dtype=F64)
     expected = v.numpy() - U @ (U.T @ v.numpy())
     np.testing.assert_allclose(free.project(v).numpy(), expected, rtol=0, atol=tol * float(v.norm()))
-    assert (free.rank == lin.K) == (rank == lin.K)
+    d = free.restoration().numpy()
+    D2 = 1 / free.scale.numpy() ** 2
+    np.testing.assert_allclose(d - U @ (U.T @ d), 0, atol=tol * np.abs(d).max())
+    normal = J.T @ (D2 * (J @ d + a_K))
+    assert np.abs(normal).max() <= tol * np.abs(J.T @ (D2 * a_K)).max()
 
 
 def small_mlp():

@@ -13,10 +13,11 @@ Here J_0 is an operator instead:
   forward pass each time.
 
 Every solve is LSQR (Paige & Saunders 1982, ACM TOMS 8(1), Alg. LSQR) through `scipy.sparse.linalg.lsqr` on a
-`LinearOperator`, from 0, in float64, with a bounded iteration count: from 0 it converges to the min-norm
-least-squares solution, which is what the dense path's truncated SVD gives (``−V S⁻¹Uᵀ`` applied to the right-hand
-side). The projector is the least-squares residual ``Pv = v − J_0ᵀ argmin_μ ‖J_0ᵀμ − v‖``. Every step is
-deterministic: the same input gives the same bits.
+`LinearOperator` of J_0 with its rows scaled to unit norm (norms estimated by random probes), from 0, in float64,
+with a bounded iteration count: from 0 it converges to the min-norm least-squares solution, which is what the dense
+path's truncated SVD gives (``−V S⁻¹Uᵀ`` applied to the right-hand side) wherever that solution is unique or the
+system consistent (`Projector` says where the scaling matters). The projector is the least-squares residual
+``Pv = v − J_0ᵀ argmin_μ ‖J_0ᵀμ − v‖``. Every step is deterministic: the same input gives the same bits.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from scipy.sparse.linalg import LinearOperator, lsqr
 LSQR_TOLERANCE = 1e-14  # atol = btol of every LSQR solve (relative residuals, Paige & Saunders §6)
 LSQR_ITERATIONS = 5000  # at most this many LSQR steps per solve
 RANK_RECOVERY = 1e-6  # J_0 has full row rank when the min-norm solve recovers a random μ from J_0ᵀμ to this
+PROBES = 32  # random products that estimate J_0's row norms (the preconditioner)
 
 
 class Linearised:
@@ -90,15 +92,6 @@ class Linearised:
             )[0]
         return J
 
-    def transposed(self) -> LinearOperator:
-        """``J_0ᵀ`` (P x K) as a scipy operator on float64 numpy vectors."""
-        return LinearOperator(
-            (self.P, self.K),
-            matvec=lambda x: self.Jt(_tensor(x)).numpy(),
-            rmatvec=lambda y: self.J(_tensor(y)).numpy(),
-            dtype=np.float64,
-        )
-
 
 def _tensor(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).reshape(-1))
@@ -124,16 +117,38 @@ def least_squares(op: LinearOperator, rhs: torch.Tensor) -> Solve:
     return Solve(_tensor(x).clone(), int(iterations), stop in (0, 1, 2, 4, 5), float(acond))
 
 
+def row_norms(lin: Linearised, probes: int = PROBES) -> torch.Tensor:
+    """The norms of J_0's rows (K,), estimated as ``√(mean_i (J_0z_i)²)`` over `probes` seeded standard normal z_i
+    (E[(J_0z)_k²] = ‖row k‖²; 32 probes: about 13 % relative error, enough for a preconditioner); 1 for zero rows."""
+    gen = torch.Generator().manual_seed(0)
+    total = lin.g0.new_zeros(lin.K)
+    for _ in range(probes):
+        total += lin.J(torch.randn(lin.P, generator=gen, dtype=torch.float64)) ** 2
+    norms = (total / probes).sqrt()
+    return torch.where(norms > 0, norms, 1.0)
+
+
 class Projector:
     """The operations of the snap that the dense path takes from J_0's SVD, on `Linearised` products:
-    ``project(v)`` (v's component in null(J_0), P,), ``restoration()`` (``−J_0⁺a_K``, P,), and the min-norm
-    multipliers ``solve_multipliers()`` (``ν``, K, and the residual ``r = g_0 + J_0ᵀν``) and ``rank``. ``condition`` is
-    the largest condition estimate LSQR reported (on the Krylov spaces it met); ``iterations`` counts LSQR steps over
-    all solves and ``unconverged`` the solves that stopped at the iteration cap."""
+    ``project(v)`` (v's component in null(J_0), P,), ``restoration()`` (``−J_0⁺a_K``, P,), the multipliers
+    ``solve_multipliers()`` (``ν``, K, and the residual ``r = g_0 + J_0ᵀν``) and ``rank``.
+
+    The solves run on the rows scaled to unit norm, ``D⁻¹J_0`` with D = `row_norms` (Jacobi preconditioning: on the
+    demo net's 466 kinks it takes J_0's condition from 163 to 40). That changes nothing where the solution is unique
+    (ν and the restoration at full rank; r and the projector always); where J_0 is rank-deficient ν is the one of
+    least ‖Dν‖ and the restoration the least-norm minimiser of ‖D⁻¹(J_0d + a_K)‖. ``condition`` is the largest
+    condition estimate LSQR reported (on the Krylov spaces it met); ``iterations`` counts LSQR steps over all solves
+    and ``unconverged`` the solves that stopped at the iteration cap."""
 
     def __init__(self, lin: Linearised) -> None:
         self.lin = lin
-        self.Jt_op = lin.transposed()
+        self.scale = row_norms(lin) if lin.K else lin.g0.new_zeros(0)
+        self.op = LinearOperator(  # J_0ᵀD⁻¹ (P x K)
+            (lin.P, lin.K),
+            matvec=lambda x: lin.Jt(_tensor(x) / self.scale).numpy(),
+            rmatvec=lambda y: (lin.J(_tensor(y)) / self.scale).numpy(),
+            dtype=np.float64,
+        )
         self.iterations, self.condition, self.unconverged = 0, 1.0, 0
         self._rank: int | None = None
 
@@ -147,36 +162,35 @@ class Projector:
     @property
     def rank(self) -> int:
         """K when J_0 has full row rank, else -1 (deficient; a factorisation would be needed to count it): full when
-        a seeded random μ (K,) is recovered from ``J_0ᵀμ`` by the min-norm solve to `RANK_RECOVERY` (a component of
-        μ in null(J_0ᵀ) is lost by it). Computed once."""
+        a seeded random y (K,) is recovered from ``J_0ᵀD⁻¹y`` by the min-norm solve to `RANK_RECOVERY` (a component of
+        y in null(J_0ᵀD⁻¹) is lost by it). Computed once."""
         if self._rank is None:
             K = self.lin.K
             full = K <= self.lin.P
             if full and K:
-                mu = torch.randn(K, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-                back = least_squares(self.Jt_op, self.lin.Jt(mu))
-                self.iterations += back.iterations
-                full = float((back.x - mu).norm()) <= RANK_RECOVERY * float(mu.norm())
+                y = torch.randn(K, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+                back = self._solve(self.op, self.lin.Jt(y / self.scale))
+                full = float((back - y).norm()) <= RANK_RECOVERY * float(y.norm())
             self._rank = K if full else -1
         return self._rank
 
     def project(self, v: torch.Tensor) -> torch.Tensor:
-        """``Pv = v − J_0ᵀμ`` with ``μ = argmin ‖J_0ᵀμ − v‖``: v's component in null(J_0) (P,)."""
+        """``Pv = v − J_0ᵀμ`` with μ a minimiser of ``‖J_0ᵀμ − v‖``: v's component in null(J_0) (P,)."""
         if not self.lin.K:
             return v
-        return v - self.lin.Jt(self._solve(self.Jt_op, v))
+        return v - self.lin.Jt(self._solve(self.op, v) / self.scale)
 
     def restoration(self) -> torch.Tensor:
         """``−J_0⁺a_K`` (P,): the min-norm step that brings the linearised a_K to 0."""
         if not self.lin.K:
             return self.lin.g0.new_zeros(self.lin.P)
-        return -self._solve(self.Jt_op.adjoint(), self.lin.a_K)
+        return -self._solve(self.op.adjoint(), self.lin.a_K / self.scale)
 
     def solve_multipliers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(ν, r)``: the min-norm ``ν = argmin ‖g_0 + J_0ᵀν‖`` (K,) and ``r = g_0 + J_0ᵀν`` (P,)."""
+        """``(ν, r)``: ``ν = argmin ‖g_0 + J_0ᵀν‖`` (K,) and ``r = g_0 + J_0ᵀν`` (P,)."""
         if not self.lin.K:
             return self.lin.g0.new_zeros(0), self.lin.g0
-        nu = -self._solve(self.Jt_op, self.lin.g0)
+        nu = -self._solve(self.op, self.lin.g0) / self.scale
         return nu, self.lin.g0 + self.lin.Jt(nu)
 
 
