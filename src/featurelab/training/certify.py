@@ -19,7 +19,8 @@ of its Lagrangian is ``∇²𝓛_{s*}``.
 `certify` reaches such a point in float64: a continuation on smoothed activations (softplus_β, β = 10 … 1e7, each
 stage minimised by `critical.minimise`), the kink set read off the last stage (``|a_k| <= 30/β``), then a
 "snap": Newton steps of the KKT system on M (a restoration ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` plus a tangent step by projected
-conjugate gradients on Hessian-vector products of ``𝓛_{s*}``), which converge quadratically. The certificate
+conjugate gradients on Hessian-vector products of ``𝓛_{s*}``), which converge quadratically. Its solves with J_0 use
+J_0's SVD where J_0 fits in `MAX_JACOBIAN_BYTES`, and LSQR on products of J_0 otherwise (`_kkt`). The certificate
 then reports δ, the kink set's identification gap (the smallest ``|a_j|`` off K over the largest on K), J_0's
 rank, the slopes at a bound, and the reduced Hessian's smallest eigenvalue (Lanczos on null(J_0)): a strict
 minimum, a saddle, or undecided. Every step is deterministic: the same input gives the same bits.
