@@ -151,7 +151,7 @@ def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[fl
                 "f4_layers_with_gap": sum(kind in ("k*", "k*+1 (bias)") for kind in kinds),
                 "f4_gap_min": min(gaps, default=float("nan")),
                 "f4_gap_max": max(gaps, default=float("nan")),
-                "speed_log_ratio_max": float(np.max(np.abs(np.log(speed_ratio(df))))),
+                "speed_log_ratio_max": float(np.max(np.abs(np.log(speed_ratio(df, Lt))))),
                 "slack_b_share_max": float(
                     (1 - df["slack_b"] / (2 * Lt * np.sqrt(df["gamma"]) * df["B_norm"]).clip(lower=1e-300)).max()
                 ),
@@ -201,11 +201,11 @@ def rise_margin(x) -> float:
     return float(np.min(np.diff(x)) / max(float(np.max(np.abs(x))), 1e-300))
 
 
-def speed_ratio(df: pd.DataFrame) -> np.ndarray:
+def speed_ratio(df: pd.DataFrame, effective_depth: float) -> np.ndarray:
     """The two sides of Theorem 4 (b) per layer, ``‖D_l‖_(K+γI) / (L̃√(COI_γ − ĥ_l))``: 1 at a critical point as
-    γ → 0 (the theorem's slack 2L̃√γ‖B_l‖ vanishes); inf where ĥ_l >= COI_γ. L̃ = ρ_l's sum over layers."""
-    Lt = float(df["rho"].sum())
-    right = Lt * np.sqrt(np.clip(df["coi_gamma"] - df["h_rescaled"], 0.0, None))
+    γ → 0 (the theorem's slack 2L̃√γ‖B_l‖ vanishes); inf where ĥ_l >= COI_γ. df: one net's `geodesic_diagnostics`
+    (L rows); L̃ = effective_depth (the steps ρ_l sum to 1, not to L̃). Returns shape (L,)."""
+    right = effective_depth * np.sqrt(np.clip(df["coi_gamma"] - df["h_rescaled"], 0.0, None))
     with np.errstate(divide="ignore"):
         return np.where(right > 0, df["D_norm_K"] / np.where(right > 0, right, 1.0), np.inf)
 
