@@ -25,6 +25,7 @@ from featurelab.training.certify import (
     certificate_at,
     certify,
     identify,
+    inert_entries,
 )
 from featurelab.training.critical import _Problem
 
@@ -203,6 +204,15 @@ def test_the_kinks_a_net_promises():
     assert _kinks_ahead([z], [0.1], 0.03) == (0, 1)
 
 
+def test_a_unit_whose_inputs_all_sit_at_the_kink_promises_no_kinks_when_held():
+    """Unit 3's weights have all but vanished under weight decay: its inputs are ±1e-12 (at the kink, 1e-10 of the
+    call's largest |a| = 2, but not all <= 0). Like the off unit 0 it is dying, so a snap that holds neurons promises
+    none of its kinks; only unit 2's entry at 0 is left."""
+    z = torch.tensor([[-1.0, 0.01, 2.0, 1e-12], [-2.0, -0.02, 0.0, -3e-12], [-0.5, 0.005, 1.0, 0.0]], dtype=F64)
+    assert _kinks_ahead([z], [0.0], held=True) == (2, 1)
+    assert _kinks_ahead([z], [0.0]) == (2, 7)
+
+
 class Unmarked(nn.Module):
     """An MLP behind a module that does not say where its neurons sit (no `neurons`), as a user's model."""
 
@@ -361,3 +371,82 @@ def test_snap_on_small_leaky_resnets(seed):
     c = certify(net, data, "mse", 0.02).certificate
     assert c.certified and c.clarke <= 1e-10 and c.kinks > 0 and c.gap >= 1e6 and c.kind == "minimum", c
     assert c.previous_clarke > c.clarke
+
+
+def cut_data(keep_negatives: bool = True) -> Dataset:
+    """x = (t, 0) → t² for six t in [0.5, 1.5]; x_b = (0, 1) → 0, whose first-layer inputs W₁[:, 1] weight decay
+    takes exactly to 0 (genuine kinks); x_c = (−1, 0), (−0.5, 0) → 0, cut by strictly negative first-layer inputs
+    once every live unit's W₁[j, 0] > 0. Both samples' representation is 0 after the first layer."""
+    t = torch.linspace(0.5, 1.5, 6)
+    X = torch.cat([torch.stack([t, torch.zeros(6)], 1), torch.tensor([[0.0, 1.0], [-1.0, 0.0], [-0.5, 0.0]])])
+    Y = torch.cat([(t**2).unsqueeze(1), torch.zeros(3, 1)])
+    if not keep_negatives:
+        X, Y = X[:7], Y[:7]
+    return Dataset(X, Y, X[:0], Y[:0])
+
+
+def test_inert_kinks_leave_the_kink_set_and_the_net_without_their_samples_agrees():
+    """A bias-free MLP of depth 4: x_b's and the x_c's representations are 0 after the first layer, so their inputs
+    of the second and third layers are 0 for every nearby weight. Counted apart from featurelab (layer by layer, the
+    samples whose inputs are all <= 0, times the layer's live units), they are the inert kinks, outside K: J_0 has
+    full rank on the rest. The x_c's rows of ∂a/∂θ (a dense Jacobian of the true net) vanish. The same point on the
+    data without the x_c's (λ scaled by N/N', so the loss is (N/N')·𝓛) passes the same certificate with the same K
+    and a Clarke residual at rounding."""
+    lam, data = 0.01, cut_data()
+    net = trained(MLP(2, 1, 5, 4, seed=0, dtype=F64), data, lam, steps=2000, lr=1e-2)
+    c = certify(net, data, "mse", lam).certificate
+    assert c.certified and c.clarke <= 1e-12 and c.jacobian_rank == c.kinks, c
+    Ws = [W.detach() for W in net.weights]
+    h, expected = data.X_train.to(F64), 0
+    for layer, W in enumerate(Ws[:-1]):
+        a = h @ W.T
+        live = (W.abs().sum(1) > 0) | (Ws[layer + 1].abs().sum(0) > 0)
+        zero = (h == 0).all(1) if layer else torch.zeros(len(h), dtype=torch.bool)
+        expected += int(zero.sum()) * int(live.sum())
+        h = torch.relu(a)
+        h = torch.where(a.abs() <= 1e-10 * a.abs().max(), 0.0, h)  # x_b's kinks, at rounding off 0
+    assert expected > 0 and c.detail["inert_kinks"] == expected, (c.detail, expected)
+
+    def later_inputs(*flat):
+        h = data.X_train.to(F64)[7:]
+        out = []
+        for i, W in enumerate(flat[:-1]):
+            a = h @ W.T
+            out += [a] if i else []
+            h = torch.relu(a)
+        return torch.cat(out, 1)
+
+    jac = torch.autograd.functional.jacobian(later_inputs, tuple(Ws))
+    assert all(bool((j == 0).all()) for j in jac)
+    kept = cut_data(keep_negatives=False)
+    ratio = len(kept.X_train) / len(data.X_train)
+    alone = certificate_at(net, kept, "mse", lam / ratio).certificate
+    assert alone.certified and alone.clarke <= 1e-12 and alone.kinks == c.kinks, alone
+    assert alone.loss_after == pytest.approx(c.loss_after / ratio, rel=1e-13, abs=0)
+
+
+def test_a_net_with_biases_has_no_inert_kinks():
+    """Hand-set weights: x_c's first-layer inputs are all < 0 (W₁[:, 0] > 0), so its representation is 0. Bias-free,
+    its later inputs are inert (and promise no kinks); with a bias column, even one set to 0, ∂a/∂b = β ≠ 0 on them:
+    nothing is inert, and the entries at 0 are promised as kinks."""
+    W1 = torch.tensor([[1.0, 0.5], [0.7, -0.3], [0.2, 0.9]], dtype=F64)
+    W2 = torch.tensor([[0.5, -1.0, 0.3], [0.4, 0.8, -0.6], [1.0, 0.1, 0.2]], dtype=F64)
+    W3 = torch.tensor([[1.0, -0.5, 0.7]], dtype=F64)
+    data = cut_data()
+    for bias in (0.0, 1.0):
+        net = MLP(2, 1, 3, 3, bias=bias, dtype=F64)
+        with torch.no_grad():
+            for W, V in zip(net.weights, (W1, W2, W3)):
+                W.zero_()
+                W[:, :3].copy_(V) if V.shape[1] == 3 else W[:, :2].copy_(V)
+        problem = _Problem(net, data, "mse", 0.01)
+        inert = inert_entries(problem, problem.theta)
+        inputs, leaks = activation_inputs(problem, problem.theta)
+        negative = (inputs[0] < 0).all(1)
+        if bias == 0:
+            assert torch.equal(negative, torch.tensor([False] * 7 + [True, True]))
+            assert not bool(inert[0].any()) and torch.equal(inert[1], negative.unsqueeze(1).expand(-1, 3))
+            assert _kinks_ahead(inputs, leaks, inert=inert) == (0, 0)
+        else:
+            assert not any(bool(i.any()) for i in inert) and bool((inputs[1][negative] == 0).all())
+            assert _kinks_ahead(inputs, leaks, inert=inert) == (0, 6)

@@ -36,9 +36,11 @@ from typing import cast
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from scipy.optimize import minimize
 from torch import nn
+from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 
 from ..checks import positive
@@ -146,6 +148,23 @@ class _AtKinks(Pieces):
         return z * torch.where(here, s, slope)
 
 
+class _Hold(TorchFunctionMode):
+    """Holds the outputs of the `inert` entries (one bool mask per leaky-ReLU call, modulo their number) at 0 with
+    slope 0, whatever their sign: entered inside another mode (`Pieces`), it sees that mode's outputs."""
+
+    def __init__(self, inert: list[torch.Tensor]):
+        super().__init__()
+        self.inert, self.calls = inert, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if _leak(func, args, kwargs) is None:
+            return out
+        hold, self.calls = self.inert[self.calls % len(self.inert)], self.calls + 1
+        return out.masked_fill(hold, 0.0) if hold.shape == out.shape and bool(hold.any()) else out
+
+
 # ----------------------------------------------------------------------------------------- kinks
 def activation_inputs(problem: _Problem, theta: torch.Tensor) -> tuple[list[torch.Tensor], list[float]]:
     """The inputs of every leaky-ReLU call of one forward pass on the training set, and their leaks."""
@@ -172,6 +191,33 @@ def identify(inputs: list[torch.Tensor], width: float, dead=None) -> tuple[list[
     return masks, (math.inf if top == 0 else low / top)
 
 
+def inert_entries(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor] | None = None):
+    """Per activation call, the inert entries at θ (docs/theory/conventions.md, "Inert kinks"): ReLU inputs that are
+    exactly 0 with an exactly zero row of ``∂a/∂θ``, in the forward pass with slope (and output) 0 at every entry of
+    `masks` (the kink set; None: the plain forward, relu'(0) = 0) and no hold. The row is read as the entry's
+    tangents along two seeded Gaussian directions of θ (forward mode), both exactly 0: a sample whose representation
+    is exactly 0 before a bias-free layer gives them there and in every later layer, and a bias never does (∂a/∂b =
+    1)."""
+    gen = torch.Generator().manual_seed(0)
+    K = sum(int(m.sum()) for m in masks) if masks is not None else 0
+    out: list[torch.Tensor] | None = None
+    for _ in range(2):
+        mode = Pieces(masks=masks, slopes=torch.zeros(K, dtype=torch.float64)) if masks is not None else Pieces()
+        saved = _with(problem, lambda: mode)
+        try:
+            with fwAD.dual_level(), torch.no_grad():
+                u = torch.randn(theta.numel(), generator=gen, dtype=torch.float64)
+                _Problem.parts(problem, fwAD.make_dual(theta.detach(), u))
+                pairs = [fwAD.unpack_dual(z) for z in mode.inputs]
+                zero = [(p.primal == 0) & (p.tangent == 0 if p.tangent is not None else True) for p in pairs]
+        finally:
+            problem.mode = saved
+        zero = [z & (leak == 0) for z, leak in zip(zero, mode.leaks)]
+        out = zero if out is None else [a & b for a, b in zip(out, zero)]
+    assert out is not None
+    return out
+
+
 def _dying(inputs: list[torch.Tensor], leaks: list[float], widths: Sequence[float]) -> list[torch.Tensor]:
     """Per call, the ReLU units (columns of the call's input, samples in rows) whose inputs are all <= the call's
     width: off or at the kink on every sample. Such a unit gets no gradient but the penalty's, so at a critical
@@ -193,9 +239,21 @@ class _Reduced(_Problem):
     def __init__(self, problem: _Problem, theta, frozen: torch.Tensor, dead: list[torch.Tensor], held: int = 0):
         self.__dict__.update(vars(problem))
         self.base, self.frozen, self.dead, self.held = problem, frozen, dead, held
+        self.inert: list[torch.Tensor] = [torch.zeros_like(d) for d in dead]  # set by `_kink_set`
         self.fixed = theta.detach().clone()
         self.index = (~frozen).nonzero().squeeze(1)
         self.theta = self.fixed[self.index].clone()
+
+    def parts(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(C, R)`` with the inert entries' outputs held at 0 (`_Hold`; module docstring, "inert kinks")."""
+        if not any(bool(i.any()) for i in self.inert):
+            return super().parts(theta)
+        with self.mode(), _Hold(self.inert):
+            return functional_call(self.loss, self.unflatten(theta), (self.X, self.Y))
+
+    def excluded(self) -> list[torch.Tensor]:
+        """Per call, the entries outside every kink set: held neurons' and inert ones."""
+        return [d | i for d, i in zip(self.dead, self.inert)]
 
     def full(self, theta: torch.Tensor) -> torch.Tensor:
         """The whole θ: `theta` on the live coordinates, the held values on the others."""
@@ -252,6 +310,27 @@ def _reduce(problem: _Problem, theta: torch.Tensor, widths: float | Sequence[flo
             frozen[index[: d.numel()][d].reshape(-1)] = True  # rows past the units: W_{l+1}'s bias column
     theta = theta.masked_fill(frozen, 0.0) if zero else theta
     return _Reduced(problem, theta, frozen, dead, sum(int(d.sum()) for d in dying))
+
+
+def _kink_set(problem: _Reduced, theta: torch.Tensor, candidates: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`candidates` (kink masks per call) without their inert entries; sets ``problem.inert`` to the inert entries at
+    θ with slope 0 on `candidates` (`inert_entries`), held neurons' entries excepted."""
+    problem.inert = [i & ~d for i, d in zip(inert_entries(problem, theta, candidates), problem.dead)]
+    return [k & ~i for k, i in zip(candidates, problem.inert)]
+
+
+def _with_inert(masks: list[torch.Tensor], slopes: torch.Tensor, inert: list[torch.Tensor]):
+    """``(masks, slopes)`` with the `inert` entries added at slope 0 (the slopes in the order of the new masks' True
+    entries): the kink set a caller's `Certified.slopes_mode` needs to reproduce the held outputs."""
+    out_masks, out_slopes, offset = [], [torch.zeros(0, dtype=torch.float64)], 0
+    for k, i in zip(masks, inert):
+        n = int(k.sum())
+        full = torch.zeros(k.shape, dtype=torch.float64).masked_scatter(k, slopes[offset : offset + n])
+        both = k | i
+        out_masks.append(both)
+        out_slopes.append(full[both])
+        offset += n
+    return out_masks, torch.cat(out_slopes)
 
 
 @dataclass
@@ -480,6 +559,7 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
     not taken."""
     inputs, _ = activation_inputs(problem, theta)
     signs = [z > 0 for z in inputs]
+    outside = problem.excluded() if isinstance(problem, _Reduced) else [torch.zeros_like(s) for s in signs]
     m = multipliers(problem, theta, masks, leaks)
     delta, slopes = clarke_residual(problem, theta, masks, m)
     start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
@@ -488,7 +568,7 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
             break
         new_theta, negative = snap_step(problem, current.theta, masks, m)
         new_inputs, _ = activation_inputs(problem, new_theta)
-        flips = [((z > 0) != s) & ~k for z, s, k in zip(new_inputs, signs, masks)]
+        flips = [((z > 0) != s) & ~k & ~o for z, s, k, o in zip(new_inputs, signs, masks, outside)]
         if any(bool(f.any()) for f in flips):
             return start, current, flips
         m = multipliers(problem, new_theta, masks, leaks)
@@ -535,8 +615,9 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
     (`_released`), each followed by a new start from θ, at most `SNAP_REVISIONS` times: ``(the start of the last
     snap, its end)``."""
     inputs, leaks = activation_inputs(problem, theta)
-    masks, _ = identify(inputs, KINK_WIDTH / beta, problem.dead)
+    candidates, _ = identify(inputs, KINK_WIDTH / beta, problem.dead)
     for revision in range(SNAP_REVISIONS + 1):
+        masks = _kink_set(problem, theta, candidates)
         refused = _too_large(masks, theta)
         if refused:
             point = _refused_point(problem, theta, inputs, leaks, refused)
@@ -547,12 +628,12 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
             if last:
                 flipped = sum(int(f.sum()) for f in flips)
                 return start, replace(end, rule=f"{flipped} activation inputs off the kink set changed sign")
-            masks = [k | f for k, f in zip(masks, flips)]
+            candidates = [k | f for k, f in zip(candidates, flips)]
             continue
         released = None if end.m.feasible or end.delta <= tolerance or last else _released(end)
         if released is None:
             return start, end
-        masks = released
+        candidates = [k & ~(m & ~r) for k, m, r in zip(candidates, masks, released)]
     raise AssertionError("unreachable: the last revision returns")
 
 
@@ -583,7 +664,8 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
             continue
         reduced = _reduce(problem, theta, width, zero=True)
         inputs, _ = activation_inputs(reduced, reduced.theta)
-        if identify(inputs, width, reduced.dead)[1] >= SNAP_GAP or beta == BETAS[-1]:
+        _kink_set(reduced, reduced.theta, identify(inputs, width, reduced.dead)[0])
+        if identify(inputs, width, reduced.excluded())[1] >= SNAP_GAP or beta == BETAS[-1]:
             result = _snap(reduced, reduced.theta, beta, tolerance), reduced
             problem.hvps = reduced.hvps
             if not result[0][1].rule and result[0][1].delta <= tolerance:
@@ -605,16 +687,20 @@ def _too_large(masks: list[torch.Tensor], theta: torch.Tensor) -> str:
     )
 
 
-def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float], width: float = 0.0, held: bool = False):
+def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float], width: float = 0.0, held: bool = False, inert=None):
     """``(dead units, the kinks they and the entries already at 0 promise)``: a ReLU unit (a column of a call's
     input, samples in rows) whose inputs are all <= `width` (off on every sample, or within a smoothed stage's kink
-    width of 0: `_dying`) gets no gradient but the penalty's, so weight decay takes its weights to 0 and all N of its
-    inputs to the kink, unless the snap holds it at 0 (`held`: the model tells where its neurons sit), when it
-    promises none; entries of the other units with ``|a| <= 1e-10·max|a|`` are at the kink already."""
+    width of 0, or at the kink already: `_dying`) gets no gradient but the penalty's, so weight decay takes its
+    weights to 0 and all N of its inputs to the kink, unless the snap holds it at 0 (`held`: the model tells where its
+    neurons sit), when it promises none; entries of the other units with ``|a| <= 1e-10·max|a|`` are at the kink
+    already, except the `inert` ones (per call, `inert_entries`: no constraint). A unit whose weights weight decay
+    has all but removed (norms ~1e-33 after training) has all N inputs at the kink, of either sign: it is dying."""
     dead = kinks = 0
-    for z, off in zip(inputs, _dying(inputs, leaks, [width] * len(inputs))):
+    inert = inert if inert is not None else [torch.zeros(z.shape, dtype=torch.bool) for z in inputs]
+    zero = [1e-10 * float(z.abs().max()) if z.numel() else 0.0 for z in inputs]
+    for z, off, i, tiny in zip(inputs, _dying(inputs, leaks, [max(width, t) for t in zero]), inert, zero):
         rows = z.reshape(z.shape[0], -1)
-        at_zero = rows.abs() <= 1e-10 * float(rows.abs().max()) if rows.numel() else rows.bool()
+        at_zero = (rows.abs() <= tiny) & ~i.reshape(rows.shape)
         dead += int(off.sum())
         kinks += (0 if held else int(off.sum()) * rows.shape[0]) + int(at_zero[:, ~off].sum())
     return dead, kinks
@@ -625,7 +711,7 @@ def _too_large_to_try(problem: _Problem, theta: torch.Tensor, width: float = 0.0
     would need a dense J_0 over `MAX_JACOBIAN_BYTES` ("" otherwise). Such a net would spend its continuation only
     to be refused by `_too_large` at its end."""
     inputs, leaks = activation_inputs(problem, theta)
-    dead, kinks = _kinks_ahead(inputs, leaks, width, held=_reducible(problem))
+    dead, kinks = _kinks_ahead(inputs, leaks, width, _reducible(problem), inert_entries(problem, theta))
     size = 8.0 * kinks * problem.theta.numel()
     if size <= MAX_JACOBIAN_BYTES:
         return ""
@@ -777,22 +863,24 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
     inputs, _ = activation_inputs(problem, end.theta)
     K = end.slopes.numel()
     width = max((float(z[k].abs().max()) for z, k in zip(inputs, end.masks) if bool(k.any())), default=0.0)
-    gap = identify(inputs, width, problem.dead)[1] if K else math.inf
+    gap = identify(inputs, width, problem.excluded())[1] if K else math.inf
     low, high = reduced_eigenvalues(problem, end.theta, end.masks, end.m)
     base, full = problem.base, problem.full(end.theta)
     base.hvps = problem.hvps
-    saved = _with(base, lambda: _AtKinks(masks=end.masks, slopes=end.slopes))
+    masks, slopes = _with_inert(end.masks, end.slopes, problem.inert)
+    saved = _with(base, lambda: _AtKinks(masks=masks, slopes=slopes))
     try:
         cert = _certificate(base, full, tolerance, loss_before, iterations, 0.0, METHOD)
     finally:
         base.mode = saved
-    if problem.held:
+    inert = sum(int(i.sum()) for i in problem.inert)
+    if problem.held or inert:
         end = replace(end, delta=max(end.delta, cert.stationarity))
     kind, rule, at_bounds = _verdict(end, gap, tolerance, low, high)
-    escape, bound = held_directions(problem, end) if problem.held else (0.0, 0.0)
-    if kind == "minimum" and bound >= 1:
+    escape, bound = held_directions(problem, replace(end, masks=masks, slopes=slopes)) if problem.held else (0.0, 0.0)
+    if kind == "minimum" and (bound >= 1 or (inert and problem.held)):
         kind = "undecided"
-    if escape > 1 + ESCAPE_SLACK and kind != "saddle":
+    if escape > 1 + ESCAPE_SLACK and kind != "saddle" and not inert:
         kind, rule = "saddle", rule or f"a saddle: a held neuron can escape (max ‖Dᵀσ(Xw)‖ = {escape:.3g}·2√(p_w p_v))"
     _, g, gr, cost = base.evaluate(full)
     return replace(
@@ -807,7 +895,13 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
         kind=kind,
         rule=rule,
         certified=not rule,
-        detail={**cert.detail, "held_neurons": problem.held, "held_escape": escape, "held_escape_bound": bound},
+        detail={
+            **cert.detail,
+            "held_neurons": problem.held,
+            "held_escape": escape,
+            "held_escape_bound": bound,
+            "inert_kinks": inert,
+        },
     )
 
 
@@ -818,11 +912,12 @@ def _as_is(whole: _Problem, theta: torch.Tensor, kink_rtol: float, tolerance: fl
     widths = [kink_rtol * float(z.abs().max()) if z.numel() else 0.0 for z in inputs]
     problem = _reduce(whole, theta, widths, zero=False)
     inputs, leaks = activation_inputs(problem, problem.theta)
-    masks = [(z.abs() <= w) & ~d for z, w, d in zip(inputs, widths, problem.dead)]
+    masks = _kink_set(problem, problem.theta, [(z.abs() <= w) & ~d for z, w, d in zip(inputs, widths, problem.dead)])
     m = multipliers(problem, problem.theta, masks, leaks)
     delta, slopes = clarke_residual(problem, problem.theta, masks, m)
     point = _Snap(problem.theta, masks, leaks, m, delta, slopes, "", 0)
-    return _examine(problem, point, tolerance, loss_before, 0), slopes, masks
+    all_masks, all_slopes = _with_inert(masks, slopes, problem.inert)
+    return _examine(problem, point, tolerance, loss_before, 0), all_slopes, all_masks
 
 
 def certificate_at(
@@ -863,7 +958,7 @@ def certify(
     loss_before = problem.evaluate(problem.theta)[0]
     start, end, steps, reduced = _continue_and_snap(problem, tolerance, max_seconds)
     cert = _examine(reduced, end, tolerance, loss_before, steps + end.iterations)
-    slopes, masks = end.slopes.detach().clone(), [k.clone() for k in end.masks]
+    masks, slopes = _with_inert(end.masks, end.slopes, reduced.inert)
     if cert.rule.startswith("identification gap"):  # the snap's K, read at 30/β, may not be the end point's own
         again, s, k = _as_is(problem, reduced.full(end.theta).detach(), 1e-10, tolerance, loss_before)
         if again.certified:
