@@ -24,8 +24,10 @@ from featurelab.training.certify import (
     activation_inputs,
     certificate_at,
     certify,
+    clarke_residual,
     identify,
     inert_entries,
+    multipliers,
 )
 from featurelab.training.critical import _Problem
 
@@ -450,3 +452,45 @@ def test_a_net_with_biases_has_no_inert_kinks():
         else:
             assert not any(bool(i.any()) for i in inert) and bool((inputs[1][negative] == 0).all())
             assert _kinks_ahead(inputs, leaks, inert=inert) == (0, 6)
+
+
+def test_a_rank_deficient_kink_set_gets_the_bounded_least_squares_residual():
+    """Units 0–2 see only x₄, and samples 0–2 (with their doubles 6–8) have x₄ = 0: 18 kinks at exactly 0 whose rows
+    of J_0 come in parallel pairs (rank 9), so the least-squares multipliers form an affine family and the min-norm
+    one needs slopes outside [0, 1]. With one hidden layer and a = 0 at the kinks, ∇𝓛_s is affine in s: built by
+    hand and minimised over the box by scipy's BVLS, its minimum is the Clarke residual, to rounding. (L-BFGS-B on
+    ‖∇𝓛_s‖² from the clipped min-norm slopes stops 2e-10 above it here; its gradient in s shrinks with the residual,
+    so near a critical point it stops where it starts.)"""
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(6, 4, generator=gen, dtype=F64)
+    X[:3, 3] = 0.0
+    X = torch.cat([X, 2 * X[:3]])
+    Y = torch.randn(9, 2, generator=gen, dtype=F64)
+    lam = 0.02
+    net = MLP(4, 2, 5, 2, seed=1, dtype=F64)
+    with torch.no_grad():
+        net.weights[0][:3, :3] = 0.0
+    problem = _Problem(net, Dataset(X, Y, X[:0], Y[:0]), "mse", lam)
+    _, leaks = activation_inputs(problem, problem.theta)
+    mask = torch.zeros(9, 5, dtype=torch.bool)
+    mask[[0, 1, 2, 6, 7, 8], :3] = True
+    m = multipliers(problem, problem.theta, [mask], leaks)
+    delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
+    assert m.rank == 9 and not m.feasible and bool(((slopes >= 0) & (slopes <= 1)).all())
+    Xn, Yn = X.numpy(), Y.numpy()
+    W1, W2 = (W.detach().numpy() for W in net.weights)
+    Z = Xn @ W1.T
+    G = 2 * (np.maximum(Z, 0) @ W2.T - Yn) / len(Yn)
+    back, kinks = G @ W2, mask.numpy()
+    D = (Z > 0).astype(float) * ~kinks
+    base = np.concatenate([((back * D).T @ Xn + 2 * lam * W1).ravel(), (G.T @ np.maximum(Z, 0) + 2 * lam * W2).ravel()])
+    cols = []
+    for n, i in zip(*np.nonzero(kinks)):
+        col = np.zeros_like(W1)
+        col[i] = back[n, i] * Xn[n]
+        cols.append(np.concatenate([col.ravel(), np.zeros(W2.size)]))
+    A = np.stack(cols, 1)
+    ls = lsq_linear(A, -base, bounds=(0, 1), method="bvls", tol=1e-15)
+    penalty = 2 * lam * np.concatenate([W1.ravel(), W2.ravel()])
+    expected = np.linalg.norm(A @ ls.x + base) / np.linalg.norm(penalty)
+    assert delta == pytest.approx(expected, rel=1e-12, abs=0)

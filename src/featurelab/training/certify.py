@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
-from scipy.optimize import minimize
+from scipy.optimize import lsq_linear, minimize
 from torch import nn
 from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
@@ -337,8 +337,9 @@ def _with_inert(masks: list[torch.Tensor], slopes: torch.Tensor, inert: list[tor
 class _Multipliers:
     """The KKT solve at θ for kink masks: J_0ᵀ = U S Vᵀ truncated to J_0's numerical rank (U: P x rank, an orthonormal
     basis of range(J_0ᵀ)), the min-norm ν, the projected gradient r = g_0 + J_0ᵀν, the slopes s, δ_LS, the penalty
-    gradient's norm, a_K, the rank, whether the slopes lie in their box, the box's lower bounds and the output
-    cotangents c_k at the slopes."""
+    gradient's norm, a_K, the rank, whether the slopes lie in their box, the box's lower bounds, the output
+    cotangents c_k at the slopes, and `box`: slopes in the box, the slopes themselves when they lie there, else
+    `_box_slopes` (the Hessian of the snap's steps is taken there)."""
 
     U: torch.Tensor
     S: torch.Tensor
@@ -352,6 +353,7 @@ class _Multipliers:
     feasible: bool
     low: torch.Tensor
     cotangents: torch.Tensor
+    box: torch.Tensor
 
 
 def _with(problem: _Problem, mode_factory):
@@ -426,7 +428,26 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
         slopes = new
     norm = _denominator(gr, theta, problem.cost, problem.lam)
     feasible = bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
-    return _Multipliers(U, S, Vh, slopes, r, _over(float(r.norm()), norm), norm, a_K, rank, feasible, low, c)
+    box = slopes if feasible else _box_slopes(problem, theta, masks, S[:, None] * Vh, Ug, low, slopes)
+    return _Multipliers(U, S, Vh, slopes, r, _over(float(r.norm()), norm), norm, a_K, rank, feasible, low, c, box)
+
+
+def _box_slopes(problem, theta, masks, SVh: torch.Tensor, Ug: torch.Tensor, low: torch.Tensor, start: torch.Tensor):
+    """Slopes s ∈ [leak, 1]^K minimising ‖g_0 + J_0ᵀ(c(s) ⊙ s)‖, that is ‖Uᵀg_0 + S Vᵀ(c ⊙ s)‖ (the part of g_0
+    off range(J_0ᵀ) is the same for every s), by bounded-variable least squares (scipy's BVLS) at the cotangents c of
+    the last slopes, swept as `multipliers` sweeps (c_k depends only on the slopes downstream of k). Where J_0 is
+    rank-deficient the least-squares ν form an affine family, and the min-norm one may leave the box while another
+    stays inside it: the bounded problem finds that one (δ = δ_LS then)."""
+    s = start.clamp(low, torch.ones_like(low))
+    for _ in range(len(masks) + 1 if SVh.shape[0] else 0):
+        c = _output_cotangents(problem, theta, masks, s)
+        A, b = (SVh * c).numpy(), -Ug.numpy()
+        found = lsq_linear(A, b, bounds=(low.numpy(), np.ones(s.numel())), method="bvls", tol=1e-15)
+        new = torch.from_numpy(found.x).clamp(low, torch.ones_like(low))
+        if torch.equal(new, s):
+            break
+        s = new
+    return s
 
 
 def _over(x: float, norm: float) -> float:
@@ -436,12 +457,13 @@ def _over(x: float, norm: float) -> float:
     return x / norm if norm > 0 else math.inf
 
 
-def clarke_residual(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[float, torch.Tensor]:
+def clarke_residual(problem: _Problem, theta, masks, m: _Multipliers, bounded: bool = True):
     """δ and the slopes that attain it: δ_LS when the recovered slopes lie in their box (checked by evaluating
-    ∇𝓛_s directly), else a bounded L-BFGS-B solve from the clipped slopes (an upper bound)."""
-    s = m.slopes.clamp(m.low, torch.ones_like(m.low)) if m.slopes.numel() else m.slopes
+    ∇𝓛_s directly), else the smaller of its value at the box slopes `m.box` and a bounded L-BFGS-B solve from them (an
+    upper bound; without `bounded`, the value at `m.box`, as the snap's intermediate iterates use)."""
+    s = m.box
     direct = _over(_sloped_gradient_norm(problem, theta, masks, s), m.penalty_norm)
-    if m.feasible or not s.numel():
+    if m.feasible or not s.numel() or not bounded:
         return direct, s
     box = list(zip(m.low.tolist(), [1.0] * s.numel()))
 
@@ -499,7 +521,7 @@ def snap_step(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[torch.T
     """One Newton step of the KKT system on M: restoration ``−J_0⁺a_K`` (= ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` at full rank;
     ``−U S⁻¹Vᵀa_K``) plus the tangent step v ∈ null(J_0) solving ``P∇²𝓛_{s*}P v = −P(r + ∇²𝓛_{s*} d_r)``."""
     d_r = -m.U @ ((m.Vh @ m.a_K) / m.S)  # −J_0⁺a_K
-    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
+    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.box))
     try:
         hess = problem.hessian_at(theta)
         v, negative = _projected_cg(hess, m.U, -(m.r + hess(d_r)), min(theta.numel(), 1000))
@@ -513,7 +535,7 @@ def reduced_eigenvalues(problem, theta, masks, m: _Multipliers, steps: int = 60)
     smallest and largest Ritz values (the extreme eigenvalues converge first)."""
     n = theta.numel() - m.U.shape[1]
     k = max(1, min(steps, n))
-    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
+    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.box))
     try:
         hess = problem.hessian_at(theta)
         gen = torch.Generator().manual_seed(0)
@@ -554,9 +576,20 @@ class _Snap:
 
 
 def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
-    """Newton steps on M = {a_K = 0} from θ until δ <= `SNAP_FLOOR` (or it stops falling): ``(the start, the end,
-    the entries off K whose sign the last step changed (per call) or None)``; a step that changes signs off K is
-    not taken."""
+    """Newton steps on M = {a_K = 0} from θ until δ <= `SNAP_FLOOR` (or δ_LS, the residual of the KKT system the
+    steps solve, stops falling): ``(the start, the end, the entries off K whose sign the last step changed (per call)
+    or None)``; a step that changes signs off K is not taken. Steps are taken whatever the box says of the
+    multipliers: off M they are estimates, and the slopes are judged where the steps end (the release rule)."""
+    end = _newton_steps(problem, theta, masks, leaks, tolerance)
+    start, current, flips = end
+    if current.m.feasible or not current.slopes.numel():
+        return end
+    delta, slopes = clarke_residual(problem, current.theta, masks, current.m)
+    return start, replace(current, delta=delta, slopes=slopes), flips
+
+
+def _newton_steps(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
+    """`_newton_on`'s steps, with δ at the box slopes where the multipliers leave the box."""
     inputs, _ = activation_inputs(problem, theta)
     signs = [z > 0 for z in inputs]
     outside = problem.excluded() if isinstance(problem, _Reduced) else [torch.zeros_like(s) for s in signs]
@@ -564,16 +597,16 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
     delta, slopes = clarke_residual(problem, theta, masks, m)
     start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
     for it in range(1, SNAP_ITERATIONS + 1):
-        if current.delta <= SNAP_FLOOR or not m.feasible:
+        if current.delta <= SNAP_FLOOR:
             break
         new_theta, negative = snap_step(problem, current.theta, masks, m)
         new_inputs, _ = activation_inputs(problem, new_theta)
         flips = [((z > 0) != s) & ~k & ~o for z, s, k, o in zip(new_inputs, signs, masks, outside)]
         if any(bool(f.any()) for f in flips):
             return start, current, flips
-        m = multipliers(problem, new_theta, masks, leaks)
-        delta, slopes = clarke_residual(problem, new_theta, masks, m)
-        if it > 1 and delta >= current.delta:  # at rounding level, or diverging (the first step restores a_K = 0)
+        previous, m = m, multipliers(problem, new_theta, masks, leaks)
+        delta, slopes = clarke_residual(problem, new_theta, masks, m, bounded=False)
+        if it > 1 and m.delta >= previous.delta:  # at rounding level, or diverging (the first step restores a_K = 0)
             stalled = current.delta > tolerance
             rule = f"the snap stopped converging (Clarke residual {delta:.2g})" if stalled else ""
             return start, replace(current, rule=rule), None
