@@ -15,9 +15,10 @@ m(32) ended 1.01 m(64) (a cosine Adam schedule did worse). paper (for a GPU): bo
 and the teacher with N = 1000, 15 widths in [1, 200] x 3 trials each, Adam 10k + GD 5k.
 For classification the analysis also computes Prop. 14's width bound for the one-hot labels, cp-rank(M_Y)
 (`cp_rank_bounds`), the paper's explanation of a plateau near the number of classes.
-m(w) is a minimal loss: every unit is polished in float64 to stationarity <= `CERTIFY` and the claims on m(w)
-(premise "critical") are "not measured" where its minimiser is not certified. The Carathéodory claims hold for
-any network (kind "identity"); the test error is a property of the trained nets (no premise).
+m(w) is a minimal loss: every unit is certified (Clarke residual <= `CERTIFY`, `featurelab.training.certify`) and the
+claims on m(w) (premise "critical") are judged on the trained nets and again on the certified points, where they are
+"not measured" when a minimiser is not certified (docs/reproduction.md, "How a verdict is judged"). The Carathéodory
+claims hold for any network (kind "identity"); the test error is a property of the trained nets (no premise).
 """
 
 from __future__ import annotations
