@@ -24,7 +24,10 @@ from featurelab.training.certify import (
     activation_inputs,
     certificate_at,
     certify,
+    clarke_residual,
     identify,
+    inert_entries,
+    multipliers,
 )
 from featurelab.training.critical import _Problem
 
@@ -203,6 +206,15 @@ def test_the_kinks_a_net_promises():
     assert _kinks_ahead([z], [0.1], 0.03) == (0, 1)
 
 
+def test_a_unit_whose_inputs_all_sit_at_the_kink_promises_no_kinks_when_held():
+    """Unit 3's weights have all but vanished under weight decay: its inputs are ±1e-12 (at the kink, 1e-10 of the
+    call's largest |a| = 2, but not all <= 0). Like the off unit 0 it is dying, so a snap that holds neurons promises
+    none of its kinks; only unit 2's entry at 0 is left."""
+    z = torch.tensor([[-1.0, 0.01, 2.0, 1e-12], [-2.0, -0.02, 0.0, -3e-12], [-0.5, 0.005, 1.0, 0.0]], dtype=F64)
+    assert _kinks_ahead([z], [0.0], held=True) == (2, 1)
+    assert _kinks_ahead([z], [0.0]) == (2, 7)
+
+
 class Unmarked(nn.Module):
     """An MLP behind a module that does not say where its neurons sit (no `neurons`), as a user's model."""
 
@@ -361,3 +373,124 @@ def test_snap_on_small_leaky_resnets(seed):
     c = certify(net, data, "mse", 0.02).certificate
     assert c.certified and c.clarke <= 1e-10 and c.kinks > 0 and c.gap >= 1e6 and c.kind == "minimum", c
     assert c.previous_clarke > c.clarke
+
+
+def cut_data(keep_negatives: bool = True) -> Dataset:
+    """x = (t, 0) → t² for six t in [0.5, 1.5]; x_b = (0, 1) → 0, whose first-layer inputs W₁[:, 1] weight decay
+    takes exactly to 0 (genuine kinks); x_c = (−1, 0), (−0.5, 0) → 0, cut by strictly negative first-layer inputs
+    once every live unit's W₁[j, 0] > 0. Both samples' representation is 0 after the first layer."""
+    t = torch.linspace(0.5, 1.5, 6)
+    X = torch.cat([torch.stack([t, torch.zeros(6)], 1), torch.tensor([[0.0, 1.0], [-1.0, 0.0], [-0.5, 0.0]])])
+    Y = torch.cat([(t**2).unsqueeze(1), torch.zeros(3, 1)])
+    if not keep_negatives:
+        X, Y = X[:7], Y[:7]
+    return Dataset(X, Y, X[:0], Y[:0])
+
+
+def test_inert_kinks_leave_the_kink_set_and_the_net_without_their_samples_agrees():
+    """A bias-free MLP of depth 4: x_b's and the x_c's representations are 0 after the first layer, so their inputs
+    of the second and third layers are 0 for every nearby weight. Counted apart from featurelab (layer by layer, the
+    samples whose inputs are all <= 0, times the layer's live units), they are the inert kinks, outside K: J_0 has
+    full rank on the rest. The x_c's rows of ∂a/∂θ (a dense Jacobian of the true net) vanish. The same point on the
+    data without the x_c's (λ scaled by N/N', so the loss is (N/N')·𝓛) passes the same certificate with the same K
+    and a Clarke residual at rounding."""
+    lam, data = 0.01, cut_data()
+    net = trained(MLP(2, 1, 5, 4, seed=0, dtype=F64), data, lam, steps=2000, lr=1e-2)
+    c = certify(net, data, "mse", lam).certificate
+    assert c.certified and c.clarke <= 1e-12 and c.jacobian_rank == c.kinks, c
+    Ws = [W.detach() for W in net.weights]
+    h, expected = data.X_train.to(F64), 0
+    for layer, W in enumerate(Ws[:-1]):
+        a = h @ W.T
+        live = (W.abs().sum(1) > 0) | (Ws[layer + 1].abs().sum(0) > 0)
+        zero = (h == 0).all(1) if layer else torch.zeros(len(h), dtype=torch.bool)
+        expected += int(zero.sum()) * int(live.sum())
+        h = torch.relu(a)
+        h = torch.where(a.abs() <= 1e-10 * a.abs().max(), 0.0, h)  # x_b's kinks, at rounding off 0
+    assert expected > 0 and c.detail["inert_kinks"] == expected, (c.detail, expected)
+
+    def later_inputs(*flat):
+        h = data.X_train.to(F64)[7:]
+        out = []
+        for i, W in enumerate(flat[:-1]):
+            a = h @ W.T
+            out += [a] if i else []
+            h = torch.relu(a)
+        return torch.cat(out, 1)
+
+    jac = torch.autograd.functional.jacobian(later_inputs, tuple(Ws))
+    assert all(bool((j == 0).all()) for j in jac)
+    kept = cut_data(keep_negatives=False)
+    ratio = len(kept.X_train) / len(data.X_train)
+    alone = certificate_at(net, kept, "mse", lam / ratio).certificate
+    assert alone.certified and alone.clarke <= 1e-12 and alone.kinks == c.kinks, alone
+    assert alone.loss_after == pytest.approx(c.loss_after / ratio, rel=1e-13, abs=0)
+
+
+def test_a_net_with_biases_has_no_inert_kinks():
+    """Hand-set weights: x_c's first-layer inputs are all < 0 (W₁[:, 0] > 0), so its representation is 0. Bias-free,
+    its later inputs are inert (and promise no kinks); with a bias column, even one set to 0, ∂a/∂b = β ≠ 0 on them:
+    nothing is inert, and the entries at 0 are promised as kinks."""
+    W1 = torch.tensor([[1.0, 0.5], [0.7, -0.3], [0.2, 0.9]], dtype=F64)
+    W2 = torch.tensor([[0.5, -1.0, 0.3], [0.4, 0.8, -0.6], [1.0, 0.1, 0.2]], dtype=F64)
+    W3 = torch.tensor([[1.0, -0.5, 0.7]], dtype=F64)
+    data = cut_data()
+    for bias in (0.0, 1.0):
+        net = MLP(2, 1, 3, 3, bias=bias, dtype=F64)
+        with torch.no_grad():
+            for W, V in zip(net.weights, (W1, W2, W3)):
+                W.zero_()
+                W[:, :3].copy_(V) if V.shape[1] == 3 else W[:, :2].copy_(V)
+        problem = _Problem(net, data, "mse", 0.01)
+        inert = inert_entries(problem, problem.theta)
+        inputs, leaks = activation_inputs(problem, problem.theta)
+        negative = (inputs[0] < 0).all(1)
+        if bias == 0:
+            assert torch.equal(negative, torch.tensor([False] * 7 + [True, True]))
+            assert not bool(inert[0].any()) and torch.equal(inert[1], negative.unsqueeze(1).expand(-1, 3))
+            assert _kinks_ahead(inputs, leaks, inert=inert) == (0, 0)
+        else:
+            assert not any(bool(i.any()) for i in inert) and bool((inputs[1][negative] == 0).all())
+            assert _kinks_ahead(inputs, leaks, inert=inert) == (0, 6)
+
+
+def test_a_rank_deficient_kink_set_gets_the_bounded_least_squares_residual():
+    """Units 0–2 see only x₄, and samples 0–2 (with their doubles 6–8) have x₄ = 0: 18 kinks at exactly 0 whose rows
+    of J_0 come in parallel pairs (rank 9), so the least-squares multipliers form an affine family and the min-norm
+    one needs slopes outside [0, 1]. With one hidden layer and a = 0 at the kinks, ∇𝓛_s is affine in s: built by
+    hand and minimised over the box by scipy's BVLS, its minimum is the Clarke residual, to rounding. (L-BFGS-B on
+    ‖∇𝓛_s‖² from the clipped min-norm slopes stops 2e-10 above it here; its gradient in s shrinks with the residual,
+    so near a critical point it stops where it starts.)"""
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(6, 4, generator=gen, dtype=F64)
+    X[:3, 3] = 0.0
+    X = torch.cat([X, 2 * X[:3]])
+    Y = torch.randn(9, 2, generator=gen, dtype=F64)
+    lam = 0.02
+    net = MLP(4, 2, 5, 2, seed=1, dtype=F64)
+    with torch.no_grad():
+        net.weights[0][:3, :3] = 0.0
+    problem = _Problem(net, Dataset(X, Y, X[:0], Y[:0]), "mse", lam)
+    _, leaks = activation_inputs(problem, problem.theta)
+    mask = torch.zeros(9, 5, dtype=torch.bool)
+    mask[[0, 1, 2, 6, 7, 8], :3] = True
+    m = multipliers(problem, problem.theta, [mask], leaks)
+    delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
+    assert m.rank == 9 and not m.feasible and bool(((slopes >= 0) & (slopes <= 1)).all())
+    Xn, Yn = X.numpy(), Y.numpy()
+    W1, W2 = (W.detach().numpy() for W in net.weights)
+    Z = Xn @ W1.T
+    G = 2 * (np.maximum(Z, 0) @ W2.T - Yn) / len(Yn)
+    back, kinks = G @ W2, mask.numpy()
+    D = (Z > 0).astype(float) * ~kinks
+    base = np.concatenate([((back * D).T @ Xn + 2 * lam * W1).ravel(), (G.T @ np.maximum(Z, 0) + 2 * lam * W2).ravel()])
+    cols = []
+    for n, i in zip(*np.nonzero(kinks)):
+        col = np.zeros_like(W1)
+        col[i] = back[n, i] * Xn[n]
+        cols.append(np.concatenate([col.ravel(), np.zeros(W2.size)]))
+    A = np.stack(cols, 1)
+    ls = lsq_linear(A, -base, bounds=(0, 1), method="bvls", tol=1e-15)
+    penalty = 2 * lam * np.concatenate([W1.ravel(), W2.ravel()])
+    expected = np.linalg.norm(A @ ls.x + base) / np.linalg.norm(penalty)
+    assert delta == pytest.approx(expected, rel=1e-12, abs=0)

@@ -8,6 +8,7 @@ points left unmeasured on the trained nets of the paper tier.
 import json
 import math
 
+import pandas as pd
 import pytest
 
 from featurelab.claims import (
@@ -16,12 +17,15 @@ from featurelab.claims import (
     boolean_claim,
     claim,
     claim_from_check,
+    fmt_margin,
     margin,
     tally,
     threshold_claim,
 )
+from featurelab.errors import FeaturelabError
 from featurelab.results import Check
 from featurelab.runs.report import render_report
+from featurelab.runs.reproduce import markdown_tables, robustness_table
 from featurelab.runs.runner import RunRecord, _claim_gate
 
 
@@ -192,3 +196,131 @@ def test_claims_at_critical_points_are_measured_on_trained_nets_in_the_paper_tie
     sick = {c.id: c for c in _claim_gate([at_off, everywhere, anywhere], {"off": "stalled: x", "b": "nan"})}
     assert sick["off"].passed is None and sick["off"].reason == "unit unhealthy: off: stalled: x"
     assert sick["all"].reason.endswith("and 1 more")
+
+
+# ------------------------------------------------------------------------- headroom under a ceiling
+@pytest.mark.parametrize(
+    "threshold, headroom",
+    [
+        (Threshold(0.95, ">=", ceiling=1.0), (1 - 0.95) / 0.95),  # an R² >= 0.95
+        (Threshold(0.99, ">=", ceiling=1.0), (1 - 0.99) / 0.99),  # an alignment |cos| >= 0.99
+        (Threshold(-0.8, "<=", ceiling=-1.0), 0.25),  # a correlation <= -0.8: (-0.8 - (-1))/0.8
+        (Threshold(0.05, "<=", ceiling=0.0), 1.0),  # a nonnegative fraction <= 0.05: all of it
+        (Threshold(0.1, "<", ceiling=0.0), 1.0),
+        (Threshold(0.5, ">", ceiling=1.0), 1.0),  # a fraction > 1/2: (1 - 0.5)/0.5
+        (Threshold(0.0, ">=", ceiling=1.0), 1.0),  # a zero bound: absolute, as the margin is
+    ],
+)
+def test_headroom_closed_forms(threshold, headroom):
+    """The headroom is the margin at the ceiling, signed as the margin is for each relation (a "<=" headroom
+    computed with the ">=" formula would be negative: -0.25, -1)."""
+    assert threshold.headroom == pytest.approx(headroom, rel=1e-12)
+    assert threshold.headroom > 0
+    c = threshold_claim("at the ceiling", "ref", threshold.ceiling, threshold)
+    assert c.headroom == pytest.approx(headroom, rel=1e-12)
+    assert c.margin == c.headroom  # a measurement at the ceiling has all the room there is
+
+
+def test_a_ceiling_never_changes_the_verdict_or_the_margin():
+    """The same measurements with and without a ceiling: equal verdicts and margins; only the headroom differs."""
+    for measured in (0.9, 0.95, 0.97, 1.0):
+        bare = threshold_claim("R²", "ref", measured, 0.95, ">=")
+        capped = threshold_claim("R²", "ref", measured, 0.95, ">=", ceiling=1.0)
+        assert (capped.passed, capped.margin, capped.expected) == (bare.passed, bare.margin, bare.expected)
+        assert bare.headroom is None and capped.headroom == pytest.approx(0.05 / 0.95)
+        assert capped.margin is not None and capped.headroom is not None and capped.margin <= capped.headroom
+    below = threshold_claim("correlation", "ref", -0.7, Threshold(-0.8, "<=", ceiling=-1.0))
+    assert below.passed is False and below.margin == pytest.approx(-0.125) and below.headroom == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(
+    "bound, relation, ceiling",
+    [
+        (0.95, ">=", 0.9),  # an R² claimed >= 0.95 with a best value 0.9 could never pass
+        (0.5, ">", 0.5),  # a strict claim at its ceiling could never pass either
+        (-0.8, "<=", -0.5),
+        (0.1, "<", 0.1),
+        (0.95, ">=", math.nan),
+        (0.95, ">=", math.inf),
+        (1.0, "==", 1.0),  # an equality's best margin is its whole tolerance: no ceiling
+    ],
+)
+def test_a_ceiling_the_claim_could_never_reach_is_refused_in_one_line(bound, relation, ceiling):
+    with pytest.raises(FeaturelabError) as err:
+        Threshold(bound, relation, atol=0.1 if relation == "==" else 0.0, ceiling=ceiling)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(f"ceiling={ceiling!r} is not allowed")
+    assert f"'{relation} {bound:g}'" in text
+    if relation != "==":
+        assert f"give a finite ceiling {relation} {bound:g}" in text
+    with pytest.raises(FeaturelabError, match="ceiling="):
+        threshold_claim("x", "ref", 1.0, bound, relation, atol=0.1, ceiling=ceiling)
+
+
+def test_a_bound_moved_past_its_ceiling_is_refused():
+    """`Threshold.at` keeps the ceiling and checks it again (a data-dependent bound above 1 for an R²)."""
+    assert Threshold(0.5, ">=", ceiling=1.0).at(0.8).headroom == pytest.approx(0.25)
+    with pytest.raises(FeaturelabError, match=r"ceiling=1.0 is not allowed for the threshold '>= 1.5'"):
+        Threshold(0.5, ">=", ceiling=1.0).at(1.5)
+
+
+def test_all_of_claim_headroom_is_the_smallest_of_those_with_a_ceiling():
+    """R² >= 0.95 (headroom 0.05/0.95) and |cos| >= 0.99 (0.01/0.99) and a gap >= 10 (no ceiling: it grows
+    without end): the claim can reach at most the smaller ceilinged headroom; with no ceiling at all, None."""
+    pairs = [
+        (0.97, Threshold(0.95, ">=", ceiling=1.0)),
+        (0.995, Threshold(0.99, ">=", ceiling=1.0)),
+        (12.0, Threshold(10.0, ">=")),
+    ]
+    c = all_of_claim("three", "ref", pairs, expected="e")
+    assert c.headroom == pytest.approx(0.01 / 0.99) and c.margin == pytest.approx(0.005 / 0.99)
+    assert all_of_claim("gap", "ref", pairs[2:], expected="e").headroom is None
+    assert claim("s", "r", 1, 1, True, margin=0.1, headroom=math.inf).headroom is None
+    assert "headroom" in c.to_dict() and c.to_dict()["headroom"] == c.headroom  # claims.json carries it
+
+
+def test_margins_print_with_their_headroom_in_the_report_and_the_tables(tmp_path):
+    """ "+0.9% of +1%" wherever a margin is printed and the claim has a headroom; a bare margin otherwise."""
+    assert fmt_margin(0.009, 0.01) == "+0.9% of +1%" and fmt_margin(0.009) == "+0.9%"
+    assert fmt_margin(None, 0.01) == "" and fmt_margin(-0.5, 0.25) == "-50% of +25%"
+    r2 = threshold_claim("R²", "ref", 0.999, Threshold(0.99, ">=", ceiling=1.0), id="r2").to_dict()
+    gap = threshold_claim("gap", "ref", 12.5, 10.0, id="gap").to_dict()
+    (tmp_path / "claims.json").write_text(json.dumps([r2, gap]))
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    render_report(tmp_path, {"experiment": "x", "preset": "tiny"})
+    html = (tmp_path / "report.html").read_text()
+    assert "<td>+0.909% of +1.01%</td>" in html and "<td>+25%</td>" in html
+    runs = [{"label": s, "seed": 0, "dir": s, "claims": [r2, gap], "problems": "", "error": ""} for s in ("a", "b")]
+    table = robustness_table("x", "quick", runs)
+    index = {"preset": "quick", "seeds": [0], "tables": [table], "identity": 0}
+    index |= {k: table[k] for k in ("reproduced", "empirical", "certified_reproduced", "certified")}
+    text = markdown_tables(index)
+    assert "| `r2` | PASS +0.909% of +1.01% | PASS +0.909% of +1.01% | yes |" in text
+    assert "| `gap` | PASS +25% | PASS +25% | yes |" in text
+
+
+def test_an_experiment_claim_carries_its_ceiling():
+    """symmetry-learning's R² thresholds are capped at 1 (an R² cannot exceed it) and alignment's claims read it:
+    min |⟨v_(k+1), u_k⟩| >= 0.99 measured 0.9999 has +0.99% of +1.01%."""
+    from featurelab.experiments import alignment, symmetry_learning
+
+    for th in (symmetry_learning.R2_ABS_M, symmetry_learning.R2_R, symmetry_learning.R2_REVERSE):
+        assert th.ceiling == 1.0 and th.headroom == pytest.approx((1 - th.bound) / th.bound)
+    assert alignment.TAIL_ALIGNED.ceiling == 1.0
+    table = pd.DataFrame(
+        {
+            "loss": [1e-4],
+            "train_error": [0.0],
+            "ratio_2": [0.95],
+            "ratio0_2": [0.2],
+            "ratio_3": [1.0],
+            "ratio0_3": [1.0],
+            "align_2_3": [0.9999],
+        }
+    )
+    claims = {c.id: c for c in alignment.alignment_claims(table, [0.01], [2, 3], [(2, 3)])}
+    aligned = claims["tail-aligned"]
+    assert aligned.passed is True and aligned.margin == pytest.approx(0.0099 / 0.99)
+    assert aligned.headroom == pytest.approx(0.01 / 0.99)
+    assert claims["tail-rank-one"].headroom == pytest.approx(0.12 / 0.88)
+    assert claims["tail-ratio-gain"].headroom is None  # a gain of a ratio in [0, 1] is at most 1 - its init

@@ -127,7 +127,8 @@ def test_paper_preset_runs_the_papers_lambda_next_to_our_calibration():
 def test_f5_speed_ratio_is_one_at_the_critical_velocity(gen, gamma):
     """Theorem 4 (b) in its tight form. At the critical velocity D = L̃(KB − A) (rows; K = σ(A)σ(A)ᵀ invertible,
     N <= w+1) and γ = 0, by hand: ‖D‖²_K = L̃²[‖σ(A)ᵀB‖² − 2ΣB⊙A + ‖A‖²_K] = L̃²(COI − ĥ), ĥ = −2𝓗/L̃: the ratio
-    is exactly 1; at γ > 0 it stays within the theorem's additive slack 2L̃√γ‖B‖; twice the velocity gives 2."""
+    is exactly 1; at γ > 0 it stays within the theorem's additive slack 2L̃√γ‖B‖; twice the velocity gives 2. The
+    steps sum to 1 as a net's do, so a ratio that read L̃ off Σρ_l would be L̃ = 2.5, not 1."""
     from featurelab.experiments import leaky_hamiltonian as lh
     from featurelab.measurements.cost_of_identity import features
     from featurelab.measurements.hamiltonian import layer_energies
@@ -138,8 +139,8 @@ def test_f5_speed_ratio_is_one_at_the_critical_velocity(gen, gamma):
     S = features(A)
     D = Lt * (S @ S.T @ B - A)
     rows = [layer_energies(A, B, c * D, Lt, gamma, "absolute") for c in (1.0, 2.0)]
-    df = pd.DataFrame(rows).assign(rho=[Lt / 2, Lt / 2])  # Σρ_l = L̃ is what `speed_ratio` reads
-    q = lh.speed_ratio(df)
+    df = pd.DataFrame(rows).assign(rho=[0.5, 0.5])  # two equidistant steps, Σρ_l = 1
+    q = lh.speed_ratio(df, Lt)
     right = Lt * np.sqrt(rows[0]["coi_gamma"] - rows[0]["h_rescaled"])
     assert abs(rows[0]["D_norm_K"] - right) <= 2 * Lt * np.sqrt(gamma) * rows[0]["B_norm"]
     if gamma < 1e-9:

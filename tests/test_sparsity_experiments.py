@@ -50,6 +50,7 @@ def test_width_plateau_claims_rest_on_the_minimising_trials():
             "alive": [width, width],
             "reduced_output_error": 0.0 if not unhealthy else 1.0,  # a collapsed net fails nothing it is not in
             "reduced_loss": loss,
+            "reduced_output_slack": 0.0,
         }
         return {**r, "unhealthy": unhealthy} if unhealthy else r
 
@@ -177,3 +178,52 @@ def test_failed_trials_claim_reads_the_individual_trials_on_the_plateau():
     one = rows(16)
     c = failed_trials_claim(one[one["trial"] == 0], 0.1, 8)
     assert c.passed is None and "one trial" in c.reason
+
+
+@pytest.mark.parametrize("objective", ["mse", "cross_entropy"])
+def test_output_slack_is_the_first_order_change_of_the_data_cost(objective):
+    """Moving the outputs by ε·sign(∂C/∂f) changes C by Σ|∂C/∂f|·ε to first order: `output_slack` must give
+    that (finite differences of the cost itself), and a move against the gradient must lower C by as much."""
+    from featurelab.experiments.width_plateau import output_slack
+    from featurelab.training.objectives import data_cost
+
+    g = torch.Generator().manual_seed(0)
+    out = torch.randn(20, 4, generator=g, dtype=torch.float64)
+    Y = torch.randint(0, 4, (20,), generator=g) if objective == "cross_entropy" else torch.randn(20, 4, generator=g)
+    f = out.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(data_cost(objective, f, Y.double() if objective == "mse" else Y), f)
+    eps = 1e-7
+    up = out + eps * grad.sign()
+    target = Y.double() if objective == "mse" else Y
+    rise = float(data_cost(objective, up, target) - data_cost(objective, out, target))
+    slack = output_slack(objective, out, up, target)
+    assert slack == pytest.approx(float(grad.abs().sum()) * eps, rel=1e-12)
+    assert rise == pytest.approx(slack, rel=1e-5)
+    down = out - eps * grad.sign()
+    assert float(data_cost(objective, down, target) - data_cost(objective, out, target)) == pytest.approx(
+        -slack, rel=1e-5
+    )
+
+
+def test_caratheodory_loss_check_allows_exactly_the_output_slack():
+    """A reduced loss that rises by the outputs' first-order slack passes; a rise of 1e-10·L beyond it fails."""
+    import pandas as pd
+
+    from featurelab.experiments.width_plateau import reduction_claims
+
+    def claims(rise_beyond):
+        rows = pd.DataFrame(
+            [
+                {
+                    "id": "w4",
+                    "loss": 2.0,
+                    "reduced_loss": 2.0 + 3e-11 + rise_beyond * 2.0,
+                    "reduced_output_slack": 3e-11,
+                    "reduced_output_error": 1e-12,
+                },
+            ]
+        )
+        return {c.id: c for c in reduction_claims("teacher", rows)}
+
+    assert claims(0.0)["teacher-caratheodory-loss"].passed
+    assert claims(1e-10)["teacher-caratheodory-loss"].passed is False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
+from .errors import FeaturelabError
 from .results import Check
 
 
@@ -23,6 +24,9 @@ class Claim:
         (it holds for any parameters: a check of the code, reported apart and never counted as reproduced).
     margin: the signed distance of the measurement to its threshold, relative to the threshold (`margin`):
         > 0 inside, < 0 outside; None where the claim has no numeric threshold.
+    headroom: the margin the claim would have if its measured quantity sat at its ceiling, the best value it
+        can take (an R² or a cosine at 1: `Threshold.ceiling`); the most `margin` can be, so that "+0.9% of
+        +1%" reads as nearly all the room there is. None where the quantity has no ceiling.
     premise: "" or "critical": a statement the paper makes at critical points (or minima) of the
         regularised loss. Tier "as the paper did" measures it on the trained nets like any other claim, with
         `stationarity` beside it; tier "certified" measures it (and every other empirical claim) on the units'
@@ -50,6 +54,7 @@ class Claim:
     units: tuple[str, ...] | None = None
     kind: str = "empirical"
     margin: float | None = None
+    headroom: float | None = None
     premise: str = ""
     stationarity: float | None = None
     certified_passed: bool | None = None
@@ -189,11 +194,13 @@ def certified_tier(paper: Claim, certified: Claim | None, previous: Claim | None
     return replace(tier, certified_passed=certified.passed)
 
 
-def fmt_margin(value) -> str:
-    """A claim's margin as text: a signed percentage of its threshold ("+12%", "-3.1%"); "" when it has none."""
+def fmt_margin(value, headroom=None) -> str:
+    """A claim's margin as text: a signed percentage of its threshold ("+12%", "-3.1%"), with the claim's
+    `headroom` where it has one ("+0.9% of +1%": the margin of the most it could be); "" when it has none."""
     if value is None or isinstance(value, str):
         return "" if value is None else value
-    return f"{100 * value:+.3g}%"
+    room = "" if headroom is None or isinstance(headroom, str) else f" of {100 * headroom:+.3g}%"
+    return f"{100 * value:+.3g}%{room}"
 
 
 def fmt_error_bar(value) -> str:
@@ -231,16 +238,18 @@ def claim(
     *,
     id: str = "",
     margin: float | None = None,
+    headroom: float | None = None,
     kind: str = "empirical",
     premise: str = "",
 ) -> Claim:
     """Build a `Claim`, formatting `expected`, `measured` and `tolerance` for the report; `id` names it stably;
-    `margin` (see `featurelab.claims.margin`), `kind` and `premise` as in `Claim`."""
+    `margin` (see `featurelab.claims.margin`), `headroom`, `kind` and `premise` as in `Claim`."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if premise not in PREMISES:
         raise ValueError(f"premise must be one of {PREMISES}, got {premise!r}")
     m = None if margin is None or not math.isfinite(float(margin)) else float(margin)
+    room = None if headroom is None or not math.isfinite(float(headroom)) else float(headroom)
     return Claim(
         statement,
         reference,
@@ -250,6 +259,7 @@ def claim(
         bool(passed),
         id,
         margin=m,
+        headroom=room,
         kind=kind,
         premise=premise,
     )
@@ -265,17 +275,26 @@ class Threshold:
     number (authors, year, section or figure, arXiv id) or says it is ours and why. One comparison, `margin`,
     gives both the verdict (``margin >= 0``; ``> 0`` for a strict relation) and the claim's margin. Experiments
     name their thresholds as module-level constants; ``tests/test_thresholds.py`` pins them against the numbers
-    the docs state."""
+    the docs state.
+
+    `ceiling`: the best value the measured quantity can take by construction, where it has one (1 for an R², a
+    |cosine| or a fraction claimed >= t; −1 for a correlation claimed <= −t; 0 for a nonnegative quantity
+    claimed <= t); None for none. It never changes the verdict: it gives the claim its `headroom`, the margin
+    a measurement at the ceiling would have. It must lie on the passing side of the bound (else the claim
+    could never pass), and an equality ("==") has none: its best margin is always its whole tolerance."""
 
     bound: float
     relation: str = ">="
     rtol: float = 0.0
     atol: float = 0.0
     source: str = ""
+    ceiling: float | None = None
 
     def __post_init__(self):
         if self.relation not in RELATIONS:
             raise ValueError(f"relation must be one of {RELATIONS}, got {self.relation!r}")
+        if self.ceiling is not None:
+            _check_ceiling(self.ceiling, self.bound, self.relation)
 
     def at(self, bound: float) -> Threshold:
         """The same comparison and tolerance about another `bound` (a bound that depends on the data, such as
@@ -286,6 +305,13 @@ class Threshold:
         """`margin` of `measured` to this threshold (a strict relation's as its non-strict one's); NaN for NaN."""
         relation = {"<": "<=", ">": ">="}.get(self.relation, self.relation)
         return margin(float(measured), self.bound, relation, self.rtol, self.atol)
+
+    @property
+    def headroom(self) -> float | None:
+        """The margin of a measurement at `ceiling` (None without one): the most `margin` can be, e.g.
+        (1 − 0.95)/0.95 for an R² >= 0.95 (ceiling 1), (−0.8 − (−1))/0.8 = 0.25 for a correlation <= −0.8
+        (ceiling −1), 1 for a nonnegative quantity <= t > 0 (ceiling 0)."""
+        return None if self.ceiling is None else self.margin(self.ceiling)
 
     def holds(self, measured: float) -> bool:
         """Whether `measured` meets this threshold: its margin is >= 0 (> 0 for "<" and ">"); False for NaN."""
@@ -305,6 +331,22 @@ class Threshold:
         return ", ".join(f"{name}={fmt(v)}" for name, v in (("rtol", self.rtol), ("atol", self.atol)) if v)
 
 
+def _check_ceiling(ceiling: float, bound: float, relation: str) -> None:
+    """One line unless `ceiling` is a finite number on the passing side of ``<relation> bound``."""
+    if relation == "==":
+        raise FeaturelabError(
+            f"ceiling={ceiling!r} is not allowed for the threshold '{relation} {bound:g}': only an inequality "
+            "(<=, >=, <, >) has a ceiling"
+        )
+    c = float(ceiling)
+    inside = {">=": c >= bound, ">": c > bound, "<=": c <= bound, "<": c < bound}[relation]
+    if not (math.isfinite(c) and inside):
+        raise FeaturelabError(
+            f"ceiling={ceiling!r} is not allowed for the threshold '{relation} {bound:g}': give a finite ceiling "
+            f"{relation} {bound:g} (the best value the quantity can take; on the other side the claim could never pass)"
+        )
+
+
 def threshold_claim(
     statement: str,
     reference: str,
@@ -314,14 +356,15 @@ def threshold_claim(
     *,
     rtol: float = 0.0,
     atol: float = 0.0,
+    ceiling: float | None = None,
     id: str = "",
     kind: str = "empirical",
     premise: str = "",
 ) -> Claim:
     """The `Claim` ``measured <relation> bound`` (within ``atol + rtol·|bound|`` for "=="; inequalities include
-    their bound): verdict and margin computed here, from one comparison. `bound` is a number (with `relation`,
-    `rtol`, `atol`) or a `Threshold`."""
-    th = bound if isinstance(bound, Threshold) else Threshold(float(bound), relation, rtol, atol)
+    their bound): verdict, margin and headroom computed here, from one comparison. `bound` is a number (with
+    `relation`, `rtol`, `atol`, `ceiling`) or a `Threshold`."""
+    th = bound if isinstance(bound, Threshold) else Threshold(float(bound), relation, rtol, atol, ceiling=ceiling)
     return all_of_claim(statement, reference, [(measured, th)], id=id, kind=kind, premise=premise)
 
 
@@ -340,11 +383,14 @@ def all_of_claim(
     """The `Claim` that every ``(value, threshold)`` of `comparisons` holds (`Threshold`): its margin is the
     smallest of their margins and its verdict that every one holds (the smallest margin's sign, for thresholds
     that include their bound); NaN anywhere (or no
-    comparison at all) fails, with no margin. `expected`, `measured` and `tolerance` are the report's text
-    (default: the one comparison's own)."""
+    comparison at all) fails, with no margin. Its headroom is the smallest `Threshold.headroom` of the
+    comparisons that have a ceiling (the others can grow without end), None where none has: the largest margin
+    the claim could have. `expected`, `measured` and `tolerance` are the report's text (default: the one
+    comparison's own)."""
     pairs = [(float(v), th) for v, th in comparisons]
     margins = [th.margin(v) for v, th in pairs]
     worst = math.nan if not margins or any(math.isnan(m) for m in margins) else min(margins)
+    rooms = [th.headroom for _, th in pairs if th.headroom is not None]
     passed = bool(pairs) and all(th.holds(v) for v, th in pairs)
     if len(pairs) == 1:
         texts = pairs[0][1].texts(pairs[0][0])
@@ -360,6 +406,7 @@ def all_of_claim(
         tolerance or "",
         id=id,
         margin=worst,
+        headroom=min(rooms) if rooms else None,
         kind=kind,
         premise=premise,
     )

@@ -58,7 +58,7 @@ def _cmd_run(args) -> int:
     for c in record.claims:
         why = f" [{c['reason']}]" if c.get("reason") else ""
         kind = " (check of the code)" if c.get("kind") == "identity" else ""
-        margin = f", margin {fmt_margin(c.get('margin'))}" if c.get("margin") is not None else ""
+        margin = f", margin {fmt_margin(c.get('margin'), c.get('headroom'))}" if c.get("margin") is not None else ""
         print(
             f"  [{verdict(c['passed'])}] {c['statement']}{kind}  "
             f"(measured {c['measured']}, expected {c['expected']}{margin}){why}{_certified_text(c)}"
@@ -91,7 +91,7 @@ def _certified_text(c: dict) -> str:
     why = f" [{c['certified_reason']}]" if c.get("certified_reason") else ""
     parts = (
         verdict(c.get("certified_passed")),
-        fmt_margin(c.get("certified_margin")),
+        fmt_margin(c.get("certified_margin"), c.get("headroom")),
         fmt_error_bar(c.get("error_bar")),
     )
     return " | certified: " + " ".join(x for x in parts if x) + why
@@ -131,8 +131,7 @@ def _variant_errors(tables: list[dict]) -> int:
 
 def _run_seeds(args, overrides: dict) -> int:
     """``run EXP --seeds 0,1,2``: the preset under each seed and in float64, and the robustness table."""
-    from .claims import fmt_margin
-    from .runs.reproduce import run_robustness, tier_text
+    from .runs.reproduce import margin_text, run_robustness, tier_text
 
     if args.seed is not None:
         raise FeaturelabError("--seed and --seeds exclude each other: give the seeds in --seeds")
@@ -143,9 +142,7 @@ def _run_seeds(args, overrides: dict) -> int:
     for c in table["claims"]:
         tag = "reproduced" if c["reproduced"] else "NOT reproduced"
         tag = "check of the code" if c["kind"] == "identity" else tag
-        runs = [
-            f"{k} {v} {fmt_margin(c['margins'].get(k))} {tier_text(c, k)}".rstrip() for k, v in c["verdicts"].items()
-        ]
+        runs = [f"{k} {v} {margin_text(c, k)} {tier_text(c, k)}".rstrip() for k, v in c["verdicts"].items()]
         print(f"  [{tag}] {c['id']}: " + ", ".join(runs))
     tier = f"; certified: {table['certified_reproduced']}/{table['certified']}" if table.get("certified") else ""
     print(f"claims reproduced (pass under every variant): {table['reproduced']}/{table['empirical']}{tier}")

@@ -64,12 +64,16 @@ TRUE_RANK = 2
 COR8_P = 0.25  # Cor. 8's p: at least (1 - p)L layers
 COR8_RATE = -0.5  # Cor. 8: s_{k+1} = O(L^{-1/2}) in the middle layers
 COR8_SHARE = Threshold(
-    1 - COR8_P, ">=", source="Jacot 2023 (arXiv 2305.19008) Cor. 8: all but pL layers; p = 1/4 is ours"
+    1 - COR8_P, ">=", ceiling=1.0, source="Jacot 2023 (arXiv 2305.19008) Cor. 8: all but pL layers; p = 1/4 is ours"
 )
 COR8_RATE_REACHED = Threshold(COR8_RATE, "<=", source="Jacot 2023 (arXiv 2305.19008) Cor. 8: s_(k+1) = O(L^(-1/2))")
 FALLS = Threshold(0.0, "<", source="Jacot 2023 Cor. 8: the tail falls with depth (the rate's 95% interval below 0)")
-RISES = Threshold(0.0, ">", source="Jacot 2023 Fig. 1: recovering minima at the larger depths (a larger share)")
-NON_NEGATIVE = Threshold(0.0, ">=", source="Jacot 2023 §2.3: an inequality that holds for any θ (slack >= 0)")
+RISES = Threshold(
+    0.0, ">", ceiling=1.0, source="Jacot 2023 Fig. 1: recovering minima at the larger depths (a larger share)"
+)
+NON_NEGATIVE = Threshold(
+    0.0, ">=", ceiling=1.0, source="Jacot 2023 §2.3: an inequality that holds for any θ (slack >= 0)"
+)
 ONE_CLASS = Threshold(1, ">=", source="ours: a slope needs one class of fitting minima over >= 2 depths")
 RECOVERING_LINE = Threshold(
     1.5, ">=", source="Jacot 2023 Fig. 1: a line of recovering minima (rank 2, fitting) spans >= 2 depths (integers)"
@@ -77,6 +81,7 @@ RECOVERING_LINE = Threshold(
 NO_FITTING_UNDERESTIMATE = Threshold(
     0.5,
     "<",
+    ceiling=0.0,
     source="Jacot 2023 (arXiv 2305.19008) §3: 'we have never observed fitting rank-underestimating minima' "
     "(a count of 0; < 0.5 on integers)",
 )

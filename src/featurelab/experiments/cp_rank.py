@@ -124,8 +124,10 @@ def lower_bound_loss(Y: torch.Tensor, lam: float) -> float:
     return float(((s - shrunk) ** 2).sum() / Y.shape[0] + 2 * lam * shrunk.sum())
 
 
-EXACT = Threshold(1e-12, "<=", source="ours: the constructions are exact in float64, up to rounding")
-BALANCED = Threshold(1e-10, "<=", source="Jacot et al. 2022 §2 'Balance': F^att + F^rep = 0 at a critical point")
+EXACT = Threshold(1e-12, "<=", ceiling=0.0, source="ours: the constructions are exact in float64, up to rounding")
+BALANCED = Threshold(
+    1e-10, "<=", ceiling=0.0, source="Jacot et al. 2022 §2 'Balance': F^att + F^rep = 0 at a critical point"
+)
 ABOVE_LOWER_BOUND = Threshold(-1e-12, ">=", source="ours: ‖θ‖² >= 2‖f(I)‖_* for any θ, up to rounding")
 
 

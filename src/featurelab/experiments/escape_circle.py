@@ -49,18 +49,27 @@ RANK_ONE_SPEED = math.sqrt(2) - 1
 DEAD_SPEED = 1e-9  # a best escape speed at or below this: every searched network is dead (no escape measured)
 REFERENCE_FRACTIONS = {2: 0.00, 4: 0.02, 8: 0.30, 16: 0.78, 32: 0.92, 64: 0.98, 128: 1.00}  # §5, seed 1
 REF = "Bantzis, Simon, Jacot 2025 (arXiv 2505.21722) Example 1, Fig. 2; docs/theory/saddle-to-saddle.md §5"
-CURVE_EXACT = Threshold(1e-9, "<", source="ours: Eq. (6)'s closed form read to rounding (a check of the code)")
+CURVE_EXACT = Threshold(
+    1e-9, "<", ceiling=0.0, source="ours: Eq. (6)'s closed form read to rounding (a check of the code)"
+)
 RANK_ONE_TOP = Threshold(
     RANK_ONE_SPEED, "==", atol=1e-6, source="Bantzis et al. 2025 Example 1: the rank-one speed √2-1; ±1e-6 ours"
 )
 HALF_SPEED = Threshold(
     0.5, "==", atol=1e-3, source="Bantzis et al. 2025 Example 1: the rank-two speed 1/2; ±1e-3 ours (§5 Fig. 2)"
 )
-WIDE_SUCCESS = Threshold(0.8, ">=", source="Bantzis et al. 2025 Fig. 2: wide nets succeed; >= 0.8 at w >= 64 ours")
-NARROW_FAILURE = Threshold(0.05, "<=", source="Bantzis et al. 2025 Fig. 2: width 2 almost never succeeds; 0.05 ours")
+WIDE_SUCCESS = Threshold(
+    0.8, ">=", ceiling=1.0, source="Bantzis et al. 2025 Fig. 2: wide nets succeed; >= 0.8 at w >= 64 ours"
+)
+NARROW_FAILURE = Threshold(
+    0.05, "<=", ceiling=0.0, source="Bantzis et al. 2025 Fig. 2: width 2 almost never succeeds; 0.05 ours"
+)
 PAPER_POINTS = 8  # Example 1 and Fig. 2 (left): N = 8
 CIRCLE_EXACT = Threshold(
-    1e-12, "<=", source="ours: Example 1's points and gradients read to float64 rounding (a check of the code)"
+    1e-12,
+    "<=",
+    ceiling=0.0,
+    source="ours: Example 1's points and gradients read to float64 rounding (a check of the code)",
 )
 
 
@@ -318,6 +327,7 @@ def width_claims(cfg: Config, pgd: list[tuple[dict, int]], table: pd.DataFrame) 
                 min(at_half),
                 cfg.rank_two_s2_s1,
                 ">=",
+                ceiling=1.0,
                 id="optima-rank-two",
             )
         )

@@ -40,11 +40,15 @@ from ..training import OptimizerConfig
 from .base import Analysis, Experiment, TrainingUnit
 
 SEPARATED = Threshold(
-    0.9, ">=", source="ours: Jacot et al. 2022 Fig. 1's 'classes separate' read as nearest-class-mean accuracy >= 0.9"
+    0.9,
+    ">=",
+    ceiling=1.0,
+    source="ours: Jacot et al. 2022 Fig. 1's 'classes separate' read as nearest-class-mean accuracy >= 0.9",
 )
 RADIAL_BALANCE = Threshold(
     0.01,
     "<=",
+    ceiling=0.0,
     source="ours: Jacot et al. 2022 §3.1's 'the attraction and repulsion cancel each other' at a stable neuron, "
     "read along each alive neuron's ray: the summed radial imbalance <= 1% of the summed radial attraction "
     "(0 at a critical point)",
@@ -177,7 +181,7 @@ def forces_claims(cfg: Config, lays: list[dict]) -> list:
             f"classes separate in layer {last['layer']}: nearest-class-mean accuracy of Z_{last['layer']} on "
             f"the train set is >= {SEPARATED.bound:g} and above that at initialization (init: {sep0:.3f})",
             ref,
-            [(sep, SEPARATED), (sep, Threshold(sep0, ">"))],
+            [(sep, SEPARATED), (sep, Threshold(sep0, ">", ceiling=1.0 if sep0 < 1 else None))],
             expected=f">= max({SEPARATED.bound:g}, {sep0:.3f})",
             measured=sep,
             id="class-separation",
@@ -195,6 +199,7 @@ def forces_claims(cfg: Config, lays: list[dict]) -> list:
                 lay["ray_share"],
                 cfg.ray_majority,
                 ">=",
+                ceiling=1.0,
                 id=f"rays-layer{lay['layer']}",
                 premise="critical",
             )

@@ -36,7 +36,10 @@ from .base import Analysis, Experiment, TrainingUnit
 
 REF = "Jacot & Kaiser 2024 (arXiv 2405.17573) Fig. 2; docs/theory/leaky-resnets.md §5.3"
 ADVANTAGE = Threshold(
-    0.0, ">", source="Jacot & Kaiser 2024 §4: 'a small but consistent advantage' (> 0, relative to equidistant)"
+    0.0,
+    ">",
+    ceiling=1.0,
+    source="Jacot & Kaiser 2024 §4: 'a small but consistent advantage' (> 0, relative to equidistant)",
 )
 FIG2B_BOTTLENECK = Threshold(3, "==", atol=0.5, source="Jacot & Kaiser 2024 Fig. 2(b): 'a dimension 3 bottleneck'")
 FIG2B_PLATEAU = Threshold(
@@ -51,6 +54,7 @@ SEPARATION_GROWS = Threshold(
 EVENER_STEPS = Threshold(
     1.0,
     "<",
+    ceiling=0.0,
     source="Jacot & Kaiser 2024 Fig. 2(c): adaptive ρ 'appears to better spread out the steps' (its step lengths' "
     "coefficient of variation over another scheme's < 1)",
 )

@@ -151,7 +151,7 @@ def per_depth_table(cfg: Config, layers: dict[float, pd.DataFrame], res: dict[fl
                 "f4_layers_with_gap": sum(kind in ("k*", "k*+1 (bias)") for kind in kinds),
                 "f4_gap_min": min(gaps, default=float("nan")),
                 "f4_gap_max": max(gaps, default=float("nan")),
-                "speed_log_ratio_max": float(np.max(np.abs(np.log(speed_ratio(df))))),
+                "speed_log_ratio_max": float(np.max(np.abs(np.log(speed_ratio(df, Lt))))),
                 "slack_b_share_max": float(
                     (1 - df["slack_b"] / (2 * Lt * np.sqrt(df["gamma"]) * df["B_norm"]).clip(lower=1e-300)).max()
                 ),
@@ -201,11 +201,11 @@ def rise_margin(x) -> float:
     return float(np.min(np.diff(x)) / max(float(np.max(np.abs(x))), 1e-300))
 
 
-def speed_ratio(df: pd.DataFrame) -> np.ndarray:
+def speed_ratio(df: pd.DataFrame, effective_depth: float) -> np.ndarray:
     """The two sides of Theorem 4 (b) per layer, ``‖D_l‖_(K+γI) / (L̃√(COI_γ − ĥ_l))``: 1 at a critical point as
-    γ → 0 (the theorem's slack 2L̃√γ‖B_l‖ vanishes); inf where ĥ_l >= COI_γ. L̃ = ρ_l's sum over layers."""
-    Lt = float(df["rho"].sum())
-    right = Lt * np.sqrt(np.clip(df["coi_gamma"] - df["h_rescaled"], 0.0, None))
+    γ → 0 (the theorem's slack 2L̃√γ‖B_l‖ vanishes); inf where ĥ_l >= COI_γ. df: one net's `geodesic_diagnostics`
+    (L rows); L̃ = effective_depth (the steps ρ_l sum to 1, not to L̃). Returns shape (L,)."""
+    right = effective_depth * np.sqrt(np.clip(df["coi_gamma"] - df["h_rescaled"], 0.0, None))
     with np.errstate(divide="ignore"):
         return np.where(right > 0, df["D_norm_K"] / np.where(right > 0, right, 1.0), np.inf)
 
@@ -217,7 +217,9 @@ FIRST_LAYERS_END = 0.25  # "the first layers": W_l placed at p_{l-1} < 1/4, befo
 # 2405.17573, Figs. 1 and 3) and F1-F5, Fig. 3 (§5.3, the paper's observations). "==" windows about k* are given
 # as offsets from k* (`Threshold.at(k + offset)`).
 RISES = Threshold(0.0, ">", source="Jacot & Kaiser 2024 Fig. 1: strictly monotone in L̃ (smallest step > 0)")
-SPEARMAN_TREND = Threshold(0.8, ">=", source="ours: a monotone trend in L̃ read as |Spearman| >= 0.8 (§5.3 F1, F2)")
+SPEARMAN_TREND = Threshold(
+    0.8, ">=", ceiling=1.0, source="ours: a monotone trend in L̃ read as |Spearman| >= 0.8 (§5.3 F1, F2)"
+)
 COI_NEAR_K = Threshold(
     0.5, "==", atol=1.0, source="ours: min COI_γ in [k*-0.5, k*+1.5] at the largest L̃ (§5.4 Q2, §5.3 F2)"
 )
@@ -226,10 +228,15 @@ H_NEAR_K = Threshold(-0.5, "==", atol=0.5, source="Jacot & Kaiser 2024 Fig. 1(a)
 H_BELOW_K = Threshold(0.0, "<=", source="Jacot & Kaiser 2024 Theorem 4 eq. 4: ĥ approaches k* from below")
 KAPPA_AT_ENDS = Threshold(10.0, ">=", source="ours: κ at the ends >= 10x its mid-half median (§5.4 Q5, §5.3 F5)")
 COI_MID_NEAR_K = Threshold(0.0, "==", atol=1.0, source="ours: mid-half COI_γ within 1 of k* (§5.3 F5)")
-H_FLAT = Threshold(0.25, "<=", source="ours: ĥ's spread over layers <= 0.25x COI_γ's and κ's (§5.4 Q7, §5.3 F3)")
-H_GAP_MID = Threshold(0.5, "<=", source="ours: mid-half median |ĥ_γ − ĥ| <= 0.5 (§5.3 F3)")
+H_FLAT = Threshold(
+    0.25, "<=", ceiling=0.0, source="ours: ĥ's spread over layers <= 0.25x COI_γ's and κ's (§5.4 Q7, §5.3 F3)"
+)
+H_GAP_MID = Threshold(0.5, "<=", ceiling=0.0, source="ours: mid-half median |ĥ_γ − ĥ| <= 0.5 (§5.3 F3)")
 H_GAP_REST = Threshold(
-    0.5, "<=", source="ours: ĥ_γ within 0.5 of ĥ (half a rank unit) at every layer with p >= 1/4 (Fig. 1 (b)-(d))"
+    0.5,
+    "<=",
+    ceiling=0.0,
+    source="ours: ĥ_γ within 0.5 of ĥ (half a rank unit) at every layer with p >= 1/4 (Fig. 1 (b)-(d))",
 )
 GAP_AT_INPUT = Threshold(
     1.0,
@@ -238,11 +245,19 @@ GAP_AT_INPUT = Threshold(
     "over the rest's > 1)",
 )
 KAPPA_MID_SMALL = Threshold(
-    0.5, "<=", source="ours: κ → 0 in the bottleneck read as mid-half median κ <= 0.5 rank units (Fig. 1 (b)-(d))"
+    0.5,
+    "<=",
+    ceiling=0.0,
+    source="ours: κ → 0 in the bottleneck read as mid-half median κ <= 0.5 rank units (Fig. 1 (b)-(d))",
 )
-BOUNDED = Threshold(10.0, "<=", source="ours: 'of the same order' over L̃ read as max/min <= 10 (§5.3 Fig. 3)")
+BOUNDED = Threshold(
+    10.0, "<=", ceiling=1.0, source="ours: 'of the same order' over L̃ read as max/min <= 10 (§5.3 Fig. 3)"
+)
 SPEED = Threshold(
-    float(np.log(SPEED_FACTOR)), "<=", source="ours: Theorem 4 (b)'s two sides within a factor 1.5 (§3.5 (b))"
+    float(np.log(SPEED_FACTOR)),
+    "<=",
+    ceiling=0.0,
+    source="ours: Theorem 4 (b)'s two sides within a factor 1.5 (§3.5 (b))",
 )
 
 
@@ -453,7 +468,7 @@ def f2_claim(k: int, t: pd.DataFrame):
         "and stays >= median ĥ up to the slack of §3.5(c)",
         FIG1,
         [
-            (rho_c, Threshold(-SPEARMAN_TREND.bound, "<=")),
+            (rho_c, Threshold(-SPEARMAN_TREND.bound, "<=", ceiling=-1.0)),
             (float(t["min_coi"].min()), COI_ABOVE_K.at(k + COI_ABOVE_K.bound)),
             (float(last["min_coi"]), COI_NEAR_K.at(k + COI_NEAR_K.bound)),
             (float(t["slack_d_upper"].min()), Threshold(0.0, ">=")),

@@ -29,12 +29,16 @@ from .base import Analysis, Experiment
 
 REF = "Le & Jegelka 2022 (arXiv 2201.11968) Lemma 4; docs/theory/invariances.md §6c"
 # The pass thresholds of docs/theory/invariances.md §6c (ours: Lemma 4 says which blocks move, not by how much)
-EQUAL_DRIFT = Threshold(2e-3, "<=", source="ours: equal-pattern blocks drift by the η² term only, <= 2e-3 (§6c)")
+EQUAL_DRIFT = Threshold(
+    2e-3, "<=", ceiling=0.0, source="ours: equal-pattern blocks drift by the η² term only, <= 2e-3 (§6c)"
+)
 HALVES = Threshold(0.5, "==", atol=0.1, source="ours: an η² term at fixed τ halves with η, factor in [0.4, 0.6]")
 MIXED_DRIFT = Threshold(2e-2, ">=", source="Le & Jegelka 2022 Lemma 4: mixed blocks move at rate Φ; >= 2e-2 ours")
-ETA_FREE = Threshold(0.1, "<", source="ours: a drift at rate Φ varies by < 10% across η (observed 0.08-0.14)")
+ETA_FREE = Threshold(
+    0.1, "<", ceiling=0.0, source="ours: a drift at rate Φ varies by < 10% across η (observed 0.08-0.14)"
+)
 SEPARATION = Threshold(30.0, ">=", source="ours: mixed over equal drift >= 30x at the smallest η (observed ≈ 300x)")
-PHI_EXACT = Threshold(1e-9, "<=", source="ours: Lemma 4's closed form Φ against autograd, up to rounding")
+PHI_EXACT = Threshold(1e-9, "<=", ceiling=0.0, source="ours: Lemma 4's closed form Φ against autograd, up to rounding")
 BLOCKS = ("AA", "BB", "AB", "diag")
 
 

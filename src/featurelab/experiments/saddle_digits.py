@@ -251,10 +251,14 @@ def summarize(cfg: Config, hist: pd.DataFrame) -> dict:
 LN10_PLATEAU = Threshold(
     math.log(10), "==", atol=0.01, source="Bantzis et al. 2025 §4: the origin saddle's loss ln 10; ±0.01 ours"
 )
-DEEP_RANK_ONE = Threshold(0.1, "<=", source="ours: r_W of the deep layers at the second plateau (§7 table)")
-LAST_RANK_ONE = Threshold(0.02, "<=", source="ours: r_W(L), the last layer, at the second plateau (§7 table)")
+DEEP_RANK_ONE = Threshold(
+    0.1, "<=", ceiling=0.0, source="ours: r_W of the deep layers at the second plateau (§7 table)"
+)
+LAST_RANK_ONE = Threshold(
+    0.02, "<=", ceiling=0.0, source="ours: r_W(L), the last layer, at the second plateau (§7 table)"
+)
 S2_S1_SLOPE = Threshold(-0.25, "<=", source="Bantzis et al. 2025 Theorem 3.1: s_2/s_1 = O(ℓ^{-1/4}); on a net ours")
-SECOND_SV = Threshold(0.3, ">=", source="ours: final max s_2/s_1 over layers 3..L-1 (§7 table)")
+SECOND_SV = Threshold(0.3, ">=", ceiling=1.0, source="ours: final max s_2/s_1 over layers 3..L-1 (§7 table)")
 TWO_ESCAPES = Threshold(2, ">=", source="Bantzis et al. 2025 Fig. 1: at least two saddles passed")
 
 
@@ -281,7 +285,7 @@ def seed_comparisons(cfg: Config, res: dict) -> dict[str, list[tuple[float, Thre
         ],
         "deep_rank_one": [*((rw[l - 1], DEEP_RANK_ONE) for l in deep), (rw[L - 1], LAST_RANK_ONE)],
         "first_layer_less_rank_one": [(rw[0], Threshold(max(rw[1:]), ">"))],
-        "depth_trend_ok": [(_depth_trend(rw) if second else nan, Threshold(cfg.depth_trend_max, "<="))],
+        "depth_trend_ok": [(_depth_trend(rw) if second else nan, Threshold(cfg.depth_trend_max, "<=", ceiling=-1.0))],
         "s2_s1_slope_ok": [(_s2_s1_slope(sv) if second else nan, S2_S1_SLOPE)],
         "later_escape": [(res["final_loss"], Threshold(last["level"] if last else nan, "<"))],
         "second_sv_grows": [(_mid_s2_s1(L, res), SECOND_SV)],

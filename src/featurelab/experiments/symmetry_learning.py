@@ -236,14 +236,14 @@ ALMOST_ALL = 0.25  # Cor. 8's p: "almost all" layers read as at least (1 − p) 
 # The checks of docs/theory/bottleneck-rank.md §4b (ours: Jacot 2023, arXiv 2305.19008, §5 and Fig. 2 show the
 # learned 2-D representation; these are our numbers for "2-D", "encodes", "forgets" and "invariant")
 _CHECKS = "ours: docs/theory/bottleneck-rank.md §4b, reading Jacot 2023 §5, Fig. 2"
-S3_BELOW = Threshold(BOTTLENECK, "<", source=f"{_CHECKS}, check 1: at most 2-D")
-S2_ABOVE = Threshold(BOTTLENECK, ">", source=f"{_CHECKS}, check 1: not 1-D")
-MOST_LAYERS = Threshold(1 - ALMOST_ALL, ">=", source="Jacot 2023 Cor. 8: all but pL layers; p = 1/4 ours")
-R2_ABS_M = Threshold(0.95, ">=", source=f"{_CHECKS}, check 2: Z encodes |m|")
-R2_R = Threshold(0.9, ">=", source=f"{_CHECKS}, check 2: Z encodes r")
-R2_REVERSE = Threshold(0.95, ">=", source=f"{_CHECKS}, check 2: (|m|, r) encode Z")
-SIGN_FORGOTTEN = Threshold(0.1, "<", source=f"{_CHECKS}, check 2: Z forgets the sign of m")
-SYMMETRIC_CHANGE = Threshold(0.05, "<", source=f"{_CHECKS}, check 3: invariant under the maps fixing ±u")
+S3_BELOW = Threshold(BOTTLENECK, "<", ceiling=0.0, source=f"{_CHECKS}, check 1: at most 2-D")
+S2_ABOVE = Threshold(BOTTLENECK, ">", ceiling=1.0, source=f"{_CHECKS}, check 1: not 1-D")
+MOST_LAYERS = Threshold(1 - ALMOST_ALL, ">=", ceiling=1.0, source="Jacot 2023 Cor. 8: all but pL layers; p = 1/4 ours")
+R2_ABS_M = Threshold(0.95, ">=", ceiling=1.0, source=f"{_CHECKS}, check 2: Z encodes |m|")
+R2_R = Threshold(0.9, ">=", ceiling=1.0, source=f"{_CHECKS}, check 2: Z encodes r")
+R2_REVERSE = Threshold(0.95, ">=", ceiling=1.0, source=f"{_CHECKS}, check 2: (|m|, r) encode Z")
+SIGN_FORGOTTEN = Threshold(0.1, "<", ceiling=0.0, source=f"{_CHECKS}, check 2: Z forgets the sign of m")
+SYMMETRIC_CHANGE = Threshold(0.05, "<", ceiling=0.0, source=f"{_CHECKS}, check 3: invariant under the maps fixing ±u")
 CONTROL_CHANGE = Threshold(0.5, ">", source=f"{_CHECKS}, check 3: a random orthogonal map moves it")
 
 
@@ -291,7 +291,7 @@ def unit_claims(uid: str, res: dict) -> list:
             "more often than the same paths in the true invariants (|m|, r) (pairs of properly crossing segments of "
             "different paths)",
             ref + ' ("they can be recognized from the fact that the GF paths do not cross on the 2D representation")',
-            [(crossings, Threshold(reference, "<="))],
+            [(crossings, Threshold(reference, "<=", ceiling=0))],
             expected=f"<= {reference} (the (|m|, r) paths)",
             tolerance="",
             id=f"check5-paths-do-not-cross@{uid}",

@@ -31,7 +31,7 @@ from ..models import MLP
 from ..training import OptimizerConfig
 from .base import Analysis, Experiment, TrainingUnit
 
-FIT = Threshold(0.1, "<=", source="ours: a trained net keeps at most a tenth of its initial training cost")
+FIT = Threshold(0.1, "<=", ceiling=0.0, source="ours: a trained net keeps at most a tenth of its initial training cost")
 
 
 class Config(ExperimentConfig):

@@ -15,9 +15,10 @@ m(32) ended 1.01 m(64) (a cosine Adam schedule did worse). paper (for a GPU): bo
 and the teacher with N = 1000, 15 widths in [1, 200] x 3 trials each, Adam 10k + GD 5k.
 For classification the analysis also computes Prop. 14's width bound for the one-hot labels, cp-rank(M_Y)
 (`cp_rank_bounds`), the paper's explanation of a plateau near the number of classes.
-m(w) is a minimal loss: every unit is polished in float64 to stationarity <= `CERTIFY` and the claims on m(w)
-(premise "critical") are "not measured" where its minimiser is not certified. The Carathéodory claims hold for
-any network (kind "identity"); the test error is a property of the trained nets (no premise).
+m(w) is a minimal loss: every unit is certified (Clarke residual <= `CERTIFY`, `featurelab.training.certify`) and the
+claims on m(w) (premise "critical") are judged on the trained nets and again on the certified points, where they are
+"not measured" when a minimiser is not certified (docs/reproduction.md, "How a verdict is judged"). The Carathéodory
+claims hold for any network (kind "identity"); the test error is a property of the trained nets (no premise).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ DIGITS_START = (
     Threshold(16, "<=", source=f"{_FIG2}: n*(5%) in [8, 16]"),
 )
 DIGITS_NSTAR_1PCT = Threshold(48, "<=", source=f"{_FIG2}: n*(1%) <= 48")
-DIGITS_TEST_ERROR = Threshold(0.05, "<=", source=f"{_FIG2}: test error <= 5% at w >= 16 (observed 2.5-3%)")
+DIGITS_TEST_ERROR = Threshold(0.05, "<=", ceiling=0.0, source=f"{_FIG2}: test error <= 5% at w >= 16 (observed 2.5-3%)")
 TEACHER_M1_GAP = Threshold(5, ">=", source="ours: m(1) >= 5 m_inf on the teacher (observed 14x, sparsity.md §6)")
 TEACHER_START = (
     Threshold(6, ">=", source="ours: n*(10%) in [6, 32] on the teacher (observed 12)"),
@@ -71,8 +72,15 @@ MNIST_START = (
     Threshold(8, ">=", source=f"{_FIG2}: n*(5%) in [8, 20] on MNIST"),
     Threshold(20, "<=", source=f"{_FIG2}: n*(5%) in [8, 20] on MNIST"),
 )
-CARATHEODORY = Threshold(1e-8, "<=", source="ours: the reduction keeps the outputs, up to float64 rounding")
-NO_LOSS_RISE = Threshold(1e-12, "<=", source="Jacot et al. 2022 §5: the reduction never raises L_λ; 1e-12 rounding")
+CARATHEODORY = Threshold(
+    1e-8, "<=", ceiling=0.0, source="ours: the reduction keeps the outputs, up to float64 rounding"
+)
+NO_LOSS_RISE = Threshold(
+    1e-12,
+    "<=",
+    source="Jacot et al. 2022 §5: the reduction never raises L_λ; beyond the first-order change of the data cost "
+    "that the outputs' own rounding (the check above) allows, 1e-12 rounding",
+)
 CERTIFY = 1e-6  # stationarity a unit must reach for the claims about minima (`featurelab.training.critical`)
 
 
@@ -240,7 +248,17 @@ def shrink(model, data: Dataset, objective: str, lam: float) -> dict:
         "gram_error": float(report["gram_error"].max()),
         "reduced_output_error": float((out_r - out).abs().max() / out.abs().max()),
         "reduced_loss": regularized_loss(reduced, X, Y, lam, objective=objective),
+        "reduced_output_slack": output_slack(objective, out, out_r, Y),
     }
+
+
+def output_slack(objective: str, out: torch.Tensor, out_reduced: torch.Tensor, Y: torch.Tensor) -> float:
+    """``Σ_ij |∂C/∂f_ij|·|f'_ij − f_ij|``: to first order, the most the data cost C can move when the outputs `out`
+    (N x d_out) move to `out_reduced` (a reduction that keeps the outputs, up to rounding). The reduction's loss is
+    compared with the trained net's beyond this."""
+    f = out.detach().clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(data_cost(objective, f, Y), f)
+    return float((grad.abs() * (out_reduced - out).abs()).sum())
 
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:
@@ -403,9 +421,12 @@ def reduction_claims(d: str, healthy: pd.DataFrame) -> list:
         ),
         threshold_claim(
             f"{d}: Carathéodory reduction never increases the regularized loss "
-            f"({len(healthy)} healthy networks): max (L' - L)/L, up to rounding",
+            f"({len(healthy)} healthy networks): max (L' - L - s)/L, up to rounding, with s = Σ|∂C/∂f||Δf| the "
+            "first-order change of the data cost the outputs' rounding allows",
             "Jacot et al. 2022 (arXiv 2205.15809) §5; docs/theory/sparsity.md §5b step 6",
-            float(((healthy["reduced_loss"] - healthy["loss"]) / healthy["loss"]).max()),
+            float(
+                ((healthy["reduced_loss"] - healthy["loss"] - healthy["reduced_output_slack"]) / healthy["loss"]).max()
+            ),
             NO_LOSS_RISE,
             id=f"{d}-caratheodory-loss",
             kind="identity",

@@ -66,11 +66,12 @@ def _claims_table(claims: list[dict]) -> str:
 
 
 def _margin_cell(passed: bool | None, margin, c: dict, reason_key: str = "reason") -> str:
-    """The margin, or for a claim without a verdict "not measured: <why>" (its reason under `reason_key`)."""
+    """The margin of its headroom where `c` has one ("+0.9% of +1%"), or for a claim without a verdict "not
+    measured: <why>" (its reason under `reason_key`)."""
     if passed is None:
         why = c.get(reason_key) or "no verdict"
         return f"<td class='unmeasured'><small>not measured: {_esc(why)}</small></td>"
-    return f"<td>{_esc(fmt_margin(margin))}</td>"
+    return f"<td>{_esc(fmt_margin(margin, c.get('headroom')))}</td>"
 
 
 def _verdict_cell(passed: bool | None, reason: str) -> str:
@@ -97,7 +98,9 @@ LEGEND = (
     "<p><b>Reading the claims.</b> <i>expected</i> is the paper's value or bound and <i>tolerance</i> the slack "
     "it allows; <i>measured</i> and <i>expected</i> are printed with the digits that show their difference down "
     "to the tolerance. <i>Margin</i>: the signed distance of the measurement to its threshold, relative to the "
-    "threshold (for ==, the share of the tolerance left); negative: outside. <b>PASS</b> and <b>FAIL</b> are "
+    "threshold (for ==, the share of the tolerance left); negative: outside. Where the measured quantity has "
+    "a ceiling (an R², a cosine or a fraction at most 1), the margin is followed by the one a measurement at "
+    "the ceiling would have: <i>+0.9% of +1%</i> uses nearly all the room there is. <b>PASS</b> and <b>FAIL</b> are "
     "the verdicts; <b>NOT MEASURED</b> means no verdict was given, because a unit the claim rests on failed, "
     "is unhealthy, or is not at the critical point the claim presumes: the row says why in place of its "
     "margin, and a value shown under <i>measured</i> is for information, not judged.</p>"

@@ -160,6 +160,7 @@ def robustness_table(name: str, preset: str, runs: list[dict]) -> dict:
                     "kind": c.get("kind", "empirical"),
                     "verdicts": {},
                     "margins": {},
+                    "headrooms": {},
                     "measured": {},
                     "reasons": {},
                     **{k: {} for k in CERTIFIED_KEYS},
@@ -199,6 +200,8 @@ def _record(row: dict, label: str, c: dict) -> None:
     "certified" only where the claim has it, `has_tier`)."""
     row["verdicts"][label] = verdict(c["passed"])
     row["margins"][label] = c.get("margin")
+    if c.get("headroom") is not None:
+        row["headrooms"][label] = c["headroom"]
     row["measured"][label] = c["measured"]
     if c.get("reason"):
         row["reasons"][label] = c["reason"]
@@ -213,13 +216,19 @@ def _record(row: dict, label: str, c: dict) -> None:
         row["certified_reasons"][label] = c["certified_reason"]
 
 
+def margin_text(row: dict, label: str, key: str = "margins") -> str:
+    """Variant `label`'s margin in the robustness `row` (``key``: "margins" or "certified_margins"), of its
+    headroom where the claim has one ("+0.9% of +1%", `featurelab.claims.fmt_margin`)."""
+    return fmt_margin(row[key].get(label), row.get("headrooms", {}).get(label))
+
+
 def tier_text(row: dict, label: str) -> str:
     """Tier "certified"'s cell text of variant `label` ("cert PASS +12% ±0.1%"; "" without that tier)."""
     v = row.get("certified_verdicts", {}).get(label)
     if not v:
         return ""
     bar = fmt_error_bar(row.get("error_bars", {}).get(label))
-    return " ".join(x for x in ("cert", v, fmt_margin(row["certified_margins"].get(label)), bar) if x)
+    return " ".join(x for x in ("cert", v, margin_text(row, label, "certified_margins"), bar) if x)
 
 
 def _esc(x) -> str:
@@ -232,7 +241,7 @@ def _cell(row: dict, label: str) -> str:
     why = row["reasons"].get(label, "")
     title = f" title='{_esc(why)}'" if why else ""
     measured = _esc(row["measured"].get(label, ""))
-    margin = _esc(fmt_margin(row["margins"].get(label)))
+    margin = _esc(margin_text(row, label))
     cert = tier_text(row, label)
     why_cert = row.get("certified_reasons", {}).get(label, "")
     tier = f"<br><span title='{_esc(why_cert)}'>{_esc(cert)}</span>" if cert else ""
@@ -275,7 +284,8 @@ def robustness_html(table: dict, prefix: str = "", level: int = 1) -> str:
         f"<{h}>{_esc(table['experiment'])} <small>({_esc(table['preset'])})</small></{h}>",
         f"<p class='summary'><b>{table['reproduced']} of {table['empirical']} claims reproduced</b> (passed under "
         f"every one of {', '.join(v['label'] for v in table['variants'])}); margins are the signed distance to "
-        f"each claim's threshold, relative to it.{_certified_line(table)}</p>",
+        f"each claim's threshold, relative to it; +0.9% of +1% is a margin of its headroom, the margin a "
+        f"measurement at the quantity's ceiling would have, where it has one.{_certified_line(table)}</p>",
         _claims_html(table, "empirical", prefix),
     ]
     identity = _claims_html(table, "identity", prefix)
@@ -408,7 +418,7 @@ def markdown_tables(index: dict) -> str:
                     " · ".join(
                         x
                         for x in (
-                            f"{c['verdicts'].get(label, 'absent')} {fmt_margin(c['margins'].get(label))}".strip(),
+                            f"{c['verdicts'].get(label, 'absent')} {margin_text(c, label)}".strip(),
                             tier_text(c, label),
                         )
                         if x

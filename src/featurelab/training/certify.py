@@ -37,9 +37,11 @@ from typing import cast
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
-from scipy.optimize import minimize
+from scipy.optimize import lsq_linear, minimize
 from torch import nn
+from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 
 from ..checks import positive
@@ -149,6 +151,23 @@ class _AtKinks(Pieces):
         return z * torch.where(here, s, slope)
 
 
+class _Hold(TorchFunctionMode):
+    """Holds the outputs of the `inert` entries (one bool mask per leaky-ReLU call, modulo their number) at 0 with
+    slope 0, whatever their sign: entered inside another mode (`Pieces`), it sees that mode's outputs."""
+
+    def __init__(self, inert: list[torch.Tensor]):
+        super().__init__()
+        self.inert, self.calls = inert, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if _leak(func, args, kwargs) is None:
+            return out
+        hold, self.calls = self.inert[self.calls % len(self.inert)], self.calls + 1
+        return out.masked_fill(hold, 0.0) if hold.shape == out.shape and bool(hold.any()) else out
+
+
 # ----------------------------------------------------------------------------------------- kinks
 def activation_inputs(problem: _Problem, theta: torch.Tensor) -> tuple[list[torch.Tensor], list[float]]:
     """The inputs of every leaky-ReLU call of one forward pass on the training set, and their leaks."""
@@ -175,6 +194,33 @@ def identify(inputs: list[torch.Tensor], width: float, dead=None) -> tuple[list[
     return masks, (math.inf if top == 0 else low / top)
 
 
+def inert_entries(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor] | None = None):
+    """Per activation call, the inert entries at θ (docs/theory/conventions.md, "Inert kinks"): ReLU inputs that are
+    exactly 0 with an exactly zero row of ``∂a/∂θ``, in the forward pass with slope (and output) 0 at every entry of
+    `masks` (the kink set; None: the plain forward, relu'(0) = 0) and no hold. The row is read as the entry's
+    tangents along two seeded Gaussian directions of θ (forward mode), both exactly 0: a sample whose representation
+    is exactly 0 before a bias-free layer gives them there and in every later layer, and a bias never does (∂a/∂b =
+    1)."""
+    gen = torch.Generator().manual_seed(0)
+    K = sum(int(m.sum()) for m in masks) if masks is not None else 0
+    out: list[torch.Tensor] | None = None
+    for _ in range(2):
+        mode = Pieces(masks=masks, slopes=torch.zeros(K, dtype=torch.float64)) if masks is not None else Pieces()
+        saved = _with(problem, lambda: mode)
+        try:
+            with fwAD.dual_level(), torch.no_grad():
+                u = torch.randn(theta.numel(), generator=gen, dtype=torch.float64)
+                _Problem.parts(problem, fwAD.make_dual(theta.detach(), u))
+                pairs = [fwAD.unpack_dual(z) for z in mode.inputs]
+                zero = [(p.primal == 0) & (p.tangent == 0 if p.tangent is not None else True) for p in pairs]
+        finally:
+            problem.mode = saved
+        zero = [z & (leak == 0) for z, leak in zip(zero, mode.leaks)]
+        out = zero if out is None else [a & b for a, b in zip(out, zero)]
+    assert out is not None
+    return out
+
+
 def _dying(inputs: list[torch.Tensor], leaks: list[float], widths: Sequence[float]) -> list[torch.Tensor]:
     """Per call, the ReLU units (columns of the call's input, samples in rows) whose inputs are all <= the call's
     width: off or at the kink on every sample. Such a unit gets no gradient but the penalty's, so at a critical
@@ -196,9 +242,21 @@ class _Reduced(_Problem):
     def __init__(self, problem: _Problem, theta, frozen: torch.Tensor, dead: list[torch.Tensor], held: int = 0):
         self.__dict__.update(vars(problem))
         self.base, self.frozen, self.dead, self.held = problem, frozen, dead, held
+        self.inert: list[torch.Tensor] = [torch.zeros_like(d) for d in dead]  # set by `_kink_set`
         self.fixed = theta.detach().clone()
         self.index = (~frozen).nonzero().squeeze(1)
         self.theta = self.fixed[self.index].clone()
+
+    def parts(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(C, R)`` with the inert entries' outputs held at 0 (`_Hold`; module docstring, "inert kinks")."""
+        if not any(bool(i.any()) for i in self.inert):
+            return super().parts(theta)
+        with self.mode(), _Hold(self.inert):
+            return functional_call(self.loss, self.unflatten(theta), (self.X, self.Y))
+
+    def excluded(self) -> list[torch.Tensor]:
+        """Per call, the entries outside every kink set: held neurons' and inert ones."""
+        return [d | i for d, i in zip(self.dead, self.inert)]
 
     def full(self, theta: torch.Tensor) -> torch.Tensor:
         """The whole θ: `theta` on the live coordinates, the held values on the others."""
@@ -257,13 +315,36 @@ def _reduce(problem: _Problem, theta: torch.Tensor, widths: float | Sequence[flo
     return _Reduced(problem, theta, frozen, dead, sum(int(d.sum()) for d in dying))
 
 
+def _kink_set(problem: _Reduced, theta: torch.Tensor, candidates: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`candidates` (kink masks per call) without their inert entries; sets ``problem.inert`` to the inert entries at
+    θ with slope 0 on `candidates` (`inert_entries`), held neurons' entries excepted."""
+    problem.inert = [i & ~d for i, d in zip(inert_entries(problem, theta, candidates), problem.dead)]
+    return [k & ~i for k, i in zip(candidates, problem.inert)]
+
+
+def _with_inert(masks: list[torch.Tensor], slopes: torch.Tensor, inert: list[torch.Tensor]):
+    """``(masks, slopes)`` with the `inert` entries added at slope 0 (the slopes in the order of the new masks' True
+    entries): the kink set a caller's `Certified.slopes_mode` needs to reproduce the held outputs."""
+    out_masks, out_slopes, offset = [], [torch.zeros(0, dtype=torch.float64)], 0
+    for k, i in zip(masks, inert):
+        n = int(k.sum())
+        full = torch.zeros(k.shape, dtype=torch.float64).masked_scatter(k, slopes[offset : offset + n])
+        both = k | i
+        out_masks.append(both)
+        out_slopes.append(full[both])
+        offset += n
+    return out_masks, torch.cat(out_slopes)
+
+
 @dataclass
 class _Multipliers:
     """The KKT solve at θ for kink masks: J_0ᵀ = U S Vᵀ truncated to J_0's numerical rank (U: P x rank, an orthonormal
     basis of range(J_0ᵀ)), the min-norm ν, the projected gradient r = g_0 + J_0ᵀν, the slopes s, δ_LS, the penalty
-    gradient's norm, a_K, the rank, whether the slopes lie in their box, the box's lower bounds and the output
-    cotangents c_k at the slopes. Where J_0 is too large to hold (`MAX_JACOBIAN_BYTES`), U, S, Vh are empty and
-    `free` does their work on products (`_kkt.Projector`)."""
+    gradient's norm, a_K, the rank, whether the slopes lie in their box, the box's lower bounds, the output
+    cotangents c_k at the slopes, and `box`: slopes in the box, the slopes themselves when they lie there, else
+    `_box_slopes` (the Hessian of the snap's steps is taken there). Where J_0 is too large to hold
+    (`MAX_JACOBIAN_BYTES`), U, S, Vh are empty, `free` does their work on products (`_kkt.Projector`), and `box`
+    is the slopes clipped to the box."""
 
     U: torch.Tensor
     S: torch.Tensor
@@ -277,6 +358,7 @@ class _Multipliers:
     feasible: bool
     low: torch.Tensor
     cotangents: torch.Tensor
+    box: torch.Tensor
     free: Projector | None = None
 
     def project(self, v: torch.Tensor) -> torch.Tensor:
@@ -342,7 +424,7 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
     Ug = U.T @ g0
     r = g0 - U @ Ug
     nu = -(Vh.T @ (Ug / S))  # the min-norm ν: J_0ᵀν = −U Uᵀg_0
-    fields = _realised(problem, theta, masks, leaks, nu, r, gr)
+    fields = _realised(problem, theta, masks, leaks, nu, r, gr, (S[:, None] * Vh, Ug))
     return _Multipliers(U, S, Vh, fields[0], r, fields[1], fields[2], a_K, rank, *fields[3:])
 
 
@@ -352,14 +434,15 @@ def _free_multipliers(problem: _Problem, theta, masks: list[torch.Tensor], leaks
     problem.cost = lin.cost
     free = Projector(lin)
     nu, r = free.solve_multipliers()
-    fields = _realised(problem, theta, masks, leaks, nu, r, lin.gr)
+    fields = _realised(problem, theta, masks, leaks, nu, r, lin.gr, None)
     empty = theta.new_zeros(0)
     return _Multipliers(empty, empty, empty, fields[0], r, fields[1], fields[2], lin.a_K, free.rank, *fields[3:], free)
 
 
-def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch.Tensor, gr: torch.Tensor):
-    """``(slopes, δ_LS, ‖∇R‖, feasible, low, c)``: the slopes that realise the multipliers ν (K,) (module docstring),
-    δ_LS from the least-squares residual r (P,), the box's lower bounds and the output cotangents c_k."""
+def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch.Tensor, gr: torch.Tensor, dense):
+    """``(slopes, δ_LS, ‖∇R‖, feasible, low, c, box)``: the slopes that realise the multipliers ν (K,) (module
+    docstring), δ_LS from the least-squares residual r (P,), the box's lower bounds, the output cotangents c_k and
+    the box slopes (`_box_slopes` on ``dense = (S Vᵀ, Uᵀg_0)``; clipped slopes where ``dense`` is None)."""
     K = nu.numel()
     bounds = [torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)]
     low = torch.cat([torch.zeros(0, dtype=torch.float64), *bounds])
@@ -373,7 +456,32 @@ def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch
         slopes = new
     norm = _denominator(gr, theta, problem.cost, problem.lam)
     feasible = bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
-    return slopes, _over(float(r.norm()), norm), norm, feasible, low, c
+    if feasible:
+        box = slopes
+    elif dense is None:
+        box = slopes.clamp(low, torch.ones_like(low))
+    else:
+        SVh, Ug = dense
+        box = _box_slopes(problem, theta, masks, SVh, Ug, low, slopes)
+    return slopes, _over(float(r.norm()), norm), norm, feasible, low, c, box
+
+
+def _box_slopes(problem, theta, masks, SVh: torch.Tensor, Ug: torch.Tensor, low: torch.Tensor, start: torch.Tensor):
+    """Slopes s ∈ [leak, 1]^K minimising ‖g_0 + J_0ᵀ(c(s) ⊙ s)‖, that is ‖Uᵀg_0 + S Vᵀ(c ⊙ s)‖ (the part of g_0
+    off range(J_0ᵀ) is the same for every s), by bounded-variable least squares (scipy's BVLS) at the cotangents c of
+    the last slopes, swept as `multipliers` sweeps (c_k depends only on the slopes downstream of k). Where J_0 is
+    rank-deficient the least-squares ν form an affine family, and the min-norm one may leave the box while another
+    stays inside it: the bounded problem finds that one (δ = δ_LS then)."""
+    s = start.clamp(low, torch.ones_like(low))
+    for _ in range(len(masks) + 1 if SVh.shape[0] else 0):
+        c = _output_cotangents(problem, theta, masks, s)
+        A, b = (SVh * c).numpy(), -Ug.numpy()
+        found = lsq_linear(A, b, bounds=(low.numpy(), np.ones(s.numel())), method="bvls", tol=1e-15)
+        new = torch.from_numpy(found.x).clamp(low, torch.ones_like(low))
+        if torch.equal(new, s):
+            break
+        s = new
+    return s
 
 
 def _over(x: float, norm: float) -> float:
@@ -383,12 +491,13 @@ def _over(x: float, norm: float) -> float:
     return x / norm if norm > 0 else math.inf
 
 
-def clarke_residual(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[float, torch.Tensor]:
+def clarke_residual(problem: _Problem, theta, masks, m: _Multipliers, bounded: bool = True):
     """δ and the slopes that attain it: δ_LS when the recovered slopes lie in their box (checked by evaluating
-    ∇𝓛_s directly), else a bounded L-BFGS-B solve from the clipped slopes (an upper bound)."""
-    s = m.slopes.clamp(m.low, torch.ones_like(m.low)) if m.slopes.numel() else m.slopes
+    ∇𝓛_s directly), else the smaller of its value at the box slopes `m.box` and a bounded L-BFGS-B solve from them (an
+    upper bound; without `bounded`, the value at `m.box`, as the snap's intermediate iterates use)."""
+    s = m.box
     direct = _over(_sloped_gradient_norm(problem, theta, masks, s), m.penalty_norm)
-    if m.feasible or not s.numel():
+    if m.feasible or not s.numel() or not bounded:
         return direct, s
     box = list(zip(m.low.tolist(), [1.0] * s.numel()))
 
@@ -447,7 +556,7 @@ def snap_step(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[torch.T
     """One Newton step of the KKT system on M: restoration ``−J_0⁺a_K`` (= ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` at full rank;
     ``−U S⁻¹Vᵀa_K``) plus the tangent step v ∈ null(J_0) solving ``P∇²𝓛_{s*}P v = −P(r + ∇²𝓛_{s*} d_r)``."""
     d_r = m.restoration()  # −J_0⁺a_K
-    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
+    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.box))
     try:
         hess = problem.hessian_at(theta)
         v, negative = _projected_cg(hess, m.project, -(m.r + hess(d_r)), min(theta.numel(), 1000))
@@ -461,7 +570,7 @@ def reduced_eigenvalues(problem, theta, masks, m: _Multipliers, steps: int = 60)
     smallest and largest Ritz values (the extreme eigenvalues converge first)."""
     n = m.null_dimension
     k = max(1, min(steps, n))
-    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
+    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.box))
     try:
         hess = problem.hessian_at(theta)
         gen = torch.Generator().manual_seed(0)
@@ -502,25 +611,37 @@ class _Snap:
 
 
 def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
-    """Newton steps on M = {a_K = 0} from θ until δ <= `SNAP_FLOOR` (or it stops falling): ``(the start, the end,
-    the entries off K whose sign the last step changed (per call) or None)``; a step that changes signs off K is
-    not taken."""
+    """Newton steps on M = {a_K = 0} from θ until δ <= `SNAP_FLOOR` (or δ_LS, the residual of the KKT system the
+    steps solve, stops falling): ``(the start, the end, the entries off K whose sign the last step changed (per call)
+    or None)``; a step that changes signs off K is not taken. Steps are taken whatever the box says of the
+    multipliers: off M they are estimates, and the slopes are judged where the steps end (the release rule)."""
+    end = _newton_steps(problem, theta, masks, leaks, tolerance)
+    start, current, flips = end
+    if current.m.feasible or not current.slopes.numel():
+        return end
+    delta, slopes = clarke_residual(problem, current.theta, masks, current.m)
+    return start, replace(current, delta=delta, slopes=slopes), flips
+
+
+def _newton_steps(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
+    """`_newton_on`'s steps, with δ at the box slopes where the multipliers leave the box."""
     inputs, _ = activation_inputs(problem, theta)
     signs = [z > 0 for z in inputs]
+    outside = problem.excluded() if isinstance(problem, _Reduced) else [torch.zeros_like(s) for s in signs]
     m = multipliers(problem, theta, masks, leaks)
     delta, slopes = clarke_residual(problem, theta, masks, m)
     start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
     for it in range(1, SNAP_ITERATIONS + 1):
-        if current.delta <= SNAP_FLOOR or not m.feasible:
+        if current.delta <= SNAP_FLOOR:
             break
         new_theta, negative = snap_step(problem, current.theta, masks, m)
         new_inputs, _ = activation_inputs(problem, new_theta)
-        flips = [((z > 0) != s) & ~k for z, s, k in zip(new_inputs, signs, masks)]
+        flips = [((z > 0) != s) & ~k & ~o for z, s, k, o in zip(new_inputs, signs, masks, outside)]
         if any(bool(f.any()) for f in flips):
             return start, current, flips
-        m = multipliers(problem, new_theta, masks, leaks)
-        delta, slopes = clarke_residual(problem, new_theta, masks, m)
-        if it > 1 and delta >= current.delta:  # at rounding level, or diverging (the first step restores a_K = 0)
+        previous, m = m, multipliers(problem, new_theta, masks, leaks)
+        delta, slopes = clarke_residual(problem, new_theta, masks, m, bounded=False)
+        if it > 1 and m.delta >= previous.delta:  # at rounding level, or diverging (the first step restores a_K = 0)
             stalled = current.delta > tolerance
             rule = f"the snap stopped converging (Clarke residual {delta:.2g})" if stalled else ""
             return start, replace(current, rule=rule), None
@@ -562,8 +683,9 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
     (`_released`), each followed by a new start from θ, at most `SNAP_REVISIONS` times: ``(the start of the last
     snap, its end)``."""
     inputs, leaks = activation_inputs(problem, theta)
-    masks, _ = identify(inputs, KINK_WIDTH / beta, problem.dead)
+    candidates, _ = identify(inputs, KINK_WIDTH / beta, problem.dead)
     for revision in range(SNAP_REVISIONS + 1):
+        masks = _kink_set(problem, theta, candidates)
         refused = _too_large(masks, theta)
         if refused:
             point = _refused_point(problem, theta, inputs, leaks, refused)
@@ -574,12 +696,12 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
             if last:
                 flipped = sum(int(f.sum()) for f in flips)
                 return start, replace(end, rule=f"{flipped} activation inputs off the kink set changed sign")
-            masks = [k | f for k, f in zip(masks, flips)]
+            candidates = [k | f for k, f in zip(candidates, flips)]
             continue
         released = None if end.m.feasible or end.delta <= tolerance or last else _released(end)
         if released is None:
             return start, end
-        masks = released
+        candidates = [k & ~(m & ~r) for k, m, r in zip(candidates, masks, released)]
     raise AssertionError("unreachable: the last revision returns")
 
 
@@ -610,7 +732,8 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
             continue
         reduced = _reduce(problem, theta, width, zero=True)
         inputs, _ = activation_inputs(reduced, reduced.theta)
-        if identify(inputs, width, reduced.dead)[1] >= SNAP_GAP or beta == BETAS[-1]:
+        _kink_set(reduced, reduced.theta, identify(inputs, width, reduced.dead)[0])
+        if identify(inputs, width, reduced.excluded())[1] >= SNAP_GAP or beta == BETAS[-1]:
             result = _snap(reduced, reduced.theta, beta, tolerance), reduced
             problem.hvps = reduced.hvps
             if not result[0][1].rule and result[0][1].delta <= tolerance:
@@ -628,16 +751,20 @@ def _too_large(masks: list[torch.Tensor], theta: torch.Tensor) -> str:
     return f"the kink set ({K} entries, {theta.numel()} parameters) is too large for the KKT solve (> {MAX_KINKS})"
 
 
-def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float], width: float = 0.0, held: bool = False):
+def _kinks_ahead(inputs: list[torch.Tensor], leaks: list[float], width: float = 0.0, held: bool = False, inert=None):
     """``(dead units, the kinks they and the entries already at 0 promise)``: a ReLU unit (a column of a call's
     input, samples in rows) whose inputs are all <= `width` (off on every sample, or within a smoothed stage's kink
-    width of 0: `_dying`) gets no gradient but the penalty's, so weight decay takes its weights to 0 and all N of its
-    inputs to the kink, unless the snap holds it at 0 (`held`: the model tells where its neurons sit), when it
-    promises none; entries of the other units with ``|a| <= 1e-10·max|a|`` are at the kink already."""
+    width of 0, or at the kink already: `_dying`) gets no gradient but the penalty's, so weight decay takes its
+    weights to 0 and all N of its inputs to the kink, unless the snap holds it at 0 (`held`: the model tells where its
+    neurons sit), when it promises none; entries of the other units with ``|a| <= 1e-10·max|a|`` are at the kink
+    already, except the `inert` ones (per call, `inert_entries`: no constraint). A unit whose weights weight decay
+    has all but removed (norms ~1e-33 after training) has all N inputs at the kink, of either sign: it is dying."""
     dead = kinks = 0
-    for z, off in zip(inputs, _dying(inputs, leaks, [width] * len(inputs))):
+    inert = inert if inert is not None else [torch.zeros(z.shape, dtype=torch.bool) for z in inputs]
+    zero = [1e-10 * float(z.abs().max()) if z.numel() else 0.0 for z in inputs]
+    for z, off, i, tiny in zip(inputs, _dying(inputs, leaks, [max(width, t) for t in zero]), inert, zero):
         rows = z.reshape(z.shape[0], -1)
-        at_zero = rows.abs() <= 1e-10 * float(rows.abs().max()) if rows.numel() else rows.bool()
+        at_zero = (rows.abs() <= tiny) & ~i.reshape(rows.shape)
         dead += int(off.sum())
         kinks += (0 if held else int(off.sum()) * rows.shape[0]) + int(at_zero[:, ~off].sum())
     return dead, kinks
@@ -648,7 +775,7 @@ def _too_large_to_try(problem: _Problem, theta: torch.Tensor, width: float = 0.0
     exceed `MAX_KINKS` ("" otherwise). Such a net would spend its continuation only to be refused by `_too_large` at
     its end."""
     inputs, leaks = activation_inputs(problem, theta)
-    dead, kinks = _kinks_ahead(inputs, leaks, width, held=_reducible(problem))
+    dead, kinks = _kinks_ahead(inputs, leaks, width, _reducible(problem), inert_entries(problem, theta))
     if kinks <= MAX_KINKS:
         return ""
     near = f" (or within {width:.2g} of 0)" if width > 0 else ""
@@ -797,22 +924,24 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
     inputs, _ = activation_inputs(problem, end.theta)
     K = end.slopes.numel()
     width = max((float(z[k].abs().max()) for z, k in zip(inputs, end.masks) if bool(k.any())), default=0.0)
-    gap = identify(inputs, width, problem.dead)[1] if K else math.inf
+    gap = identify(inputs, width, problem.excluded())[1] if K else math.inf
     low, high = reduced_eigenvalues(problem, end.theta, end.masks, end.m)
     base, full = problem.base, problem.full(end.theta)
     base.hvps = problem.hvps
-    saved = _with(base, lambda: _AtKinks(masks=end.masks, slopes=end.slopes))
+    masks, slopes = _with_inert(end.masks, end.slopes, problem.inert)
+    saved = _with(base, lambda: _AtKinks(masks=masks, slopes=slopes))
     try:
         cert = _certificate(base, full, tolerance, loss_before, iterations, 0.0, METHOD)
     finally:
         base.mode = saved
-    if problem.held:
+    inert = sum(int(i.sum()) for i in problem.inert)
+    if problem.held or inert:
         end = replace(end, delta=max(end.delta, cert.stationarity))
     kind, rule, at_bounds = _verdict(end, gap, tolerance, low, high)
-    escape, bound = held_directions(problem, end) if problem.held else (0.0, 0.0)
-    if kind == "minimum" and bound >= 1:
+    escape, bound = held_directions(problem, replace(end, masks=masks, slopes=slopes)) if problem.held else (0.0, 0.0)
+    if kind == "minimum" and (bound >= 1 or (inert and problem.held)):
         kind = "undecided"
-    if escape > 1 + ESCAPE_SLACK and kind != "saddle":
+    if escape > 1 + ESCAPE_SLACK and kind != "saddle" and not inert:
         kind, rule = "saddle", rule or f"a saddle: a held neuron can escape (max ‖Dᵀσ(Xw)‖ = {escape:.3g}·2√(p_w p_v))"
     _, g, gr, cost = base.evaluate(full)
     return replace(
@@ -827,7 +956,13 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
         kind=kind,
         rule=rule,
         certified=not rule,
-        detail={**cert.detail, "held_neurons": problem.held, "held_escape": escape, "held_escape_bound": bound},
+        detail={
+            **cert.detail,
+            "held_neurons": problem.held,
+            "held_escape": escape,
+            "held_escape_bound": bound,
+            "inert_kinks": inert,
+        },
     )
 
 
@@ -838,11 +973,12 @@ def _as_is(whole: _Problem, theta: torch.Tensor, kink_rtol: float, tolerance: fl
     widths = [kink_rtol * float(z.abs().max()) if z.numel() else 0.0 for z in inputs]
     problem = _reduce(whole, theta, widths, zero=False)
     inputs, leaks = activation_inputs(problem, problem.theta)
-    masks = [(z.abs() <= w) & ~d for z, w, d in zip(inputs, widths, problem.dead)]
+    masks = _kink_set(problem, problem.theta, [(z.abs() <= w) & ~d for z, w, d in zip(inputs, widths, problem.dead)])
     m = multipliers(problem, problem.theta, masks, leaks)
     delta, slopes = clarke_residual(problem, problem.theta, masks, m)
     point = _Snap(problem.theta, masks, leaks, m, delta, slopes, "", 0)
-    return _examine(problem, point, tolerance, loss_before, 0), slopes, masks
+    all_masks, all_slopes = _with_inert(masks, slopes, problem.inert)
+    return _examine(problem, point, tolerance, loss_before, 0), all_slopes, all_masks
 
 
 def certificate_at(
@@ -883,7 +1019,7 @@ def certify(
     loss_before = problem.evaluate(problem.theta)[0]
     start, end, steps, reduced = _continue_and_snap(problem, tolerance, max_seconds)
     cert = _examine(reduced, end, tolerance, loss_before, steps + end.iterations)
-    slopes, masks = end.slopes.detach().clone(), [k.clone() for k in end.masks]
+    masks, slopes = _with_inert(end.masks, end.slopes, reduced.inert)
     if cert.rule.startswith("identification gap"):  # the snap's K, read at 30/β, may not be the end point's own
         again, s, k = _as_is(problem, reduced.full(end.theta).detach(), 1e-10, tolerance, loss_before)
         if again.certified:
