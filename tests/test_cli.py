@@ -53,6 +53,7 @@ def test_run_folder_is_complete(tiny_run):
         "units",
         "kind",
         "margin",
+        "headroom",
         "premise",
         "stationarity",
         "certified_passed",
