@@ -30,7 +30,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
-	$(VENV)/bin/pyright
+	$(VENV)/bin/pyright --threads 2
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests
