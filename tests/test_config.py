@@ -81,3 +81,24 @@ def test_presets_and_seed_override():
         resolve_config("leaky-bottleneck", "huge")
     with pytest.raises(fl.FeaturelabError, match="does not exist; choose one of"):
         resolve_config("no-such-experiment")
+
+
+OWN_EXPERIMENTS = sorted(n for n, e in fl.experiments.REGISTRY.items() if e.units.__module__.startswith("featurelab."))
+
+
+@pytest.mark.parametrize("name", [n for n in OWN_EXPERIMENTS if n != "saddle-mnist"])  # MNIST: local files
+def test_certification_is_one_config_field_everywhere(name):
+    """An experiment whose units can be certified takes the tolerance from its config's `certify` field, so
+    `--set certify=null` turns it off and `--set certify=1e-9` sets the tolerance each unit receives; a unit that
+    read a module constant, or a field it never passes on, would ignore both."""
+    exp = fl.experiments.REGISTRY[name]
+    preset = "tiny" if "tiny" in exp.presets else "quick"
+    _, cfg = resolve_config(name, preset)
+    if exp.build is None:
+        pytest.skip("no built units to inspect")
+    unit = exp.units(cfg)[0]
+    if exp.build(cfg, unit).certify is None and "certify" not in type(cfg).model_fields:
+        pytest.skip("certifies nothing")
+    for value in (None, 1e-9):
+        _, changed = resolve_config(name, preset, {"certify": value})
+        assert exp.build(changed, unit).certify == value, name

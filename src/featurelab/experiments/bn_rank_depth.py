@@ -110,7 +110,7 @@ class Config(ExperimentConfig):
     ntk_points: int = Field(default=16, ge=1)
     slope_tolerance: float = Field(default=0.15, gt=0)
     certify: PositiveFloat | None = Field(
-        default=1e-6, description="stationarity tolerance of each unit's critical-point certificate (None: no polish)"
+        default=1e-6, description="Clarke-residual tolerance of each unit's critical-point certificate (None: none)"
     )
     log_every: int = Field(default=500, ge=1)
     checkpoint_every: int = Field(default=2000, ge=0)

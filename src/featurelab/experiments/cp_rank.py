@@ -22,7 +22,7 @@ from typing import Literal
 
 import pandas as pd
 import torch
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt
 
 from ..catalog import Entry
 from ..claims import Threshold, all_of_claim, boolean_claim, threshold_claim
@@ -58,6 +58,9 @@ class Config(OptimizerConfig, ExperimentConfig):
     gd_steps: int = Field(default=0, ge=0)
     gd_lr: float = Field(default=0.05, gt=0)
     near: float = Field(default=0.01, gt=0)
+    certify: PositiveFloat | None = Field(
+        default=CERTIFY, description="Clarke-residual tolerance of each unit's critical-point certificate (None: none)"
+    )
     log_every: int = Field(default=500, ge=1)
 
 
@@ -90,7 +93,7 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
         seed=cfg.seed + 1000 * unit["trial"] + unit["width"],
         dtype=getattr(torch, cfg.dtype),
     )
-    return TrainingUnit(model, data, cfg.train_config("mse", cfg.lam, top_singular_values=0), certify=CERTIFY)
+    return TrainingUnit(model, data, cfg.train_config("mse", cfg.lam, top_singular_values=0), certify=cfg.certify)
 
 
 def finish(cfg: Config, unit: dict, model, result, ctx) -> dict:

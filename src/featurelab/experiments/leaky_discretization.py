@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from sklearn.decomposition import PCA
 
 from ..catalog import Entry
@@ -80,6 +80,11 @@ class Config(lb.Config):
     adam_steps: int = Field(default=4000, ge=0)
     reference_depth: int = Field(default=16, ge=1, description="L of the spectra and PCA figures")
     pca_points: int = Field(default=50, ge=1)
+    certify: PositiveFloat | None = Field(
+        default=None,
+        description="Clarke-residual tolerance of each unit's certificate (None: not certified; no claim here rests "
+        "on a critical point)",
+    )
 
     @model_validator(mode="after")
     def _valid_steps(self):
@@ -142,7 +147,7 @@ def units(cfg: Config) -> list[dict]:
 def build(cfg: Config, unit: dict) -> TrainingUnit:
     ucfg = unit_config(cfg, unit)
     data = lb.make_data(ucfg)
-    return TrainingUnit(lb.make_model(ucfg, data), data, lb.train_config(ucfg))
+    return TrainingUnit(lb.make_model(ucfg, data), data, lb.train_config(ucfg), certify=cfg.certify)
 
 
 def pca_paths(model, X: torch.Tensor, n_points: int) -> list:

@@ -81,7 +81,7 @@ class Config(ExperimentConfig):
     r1_atol: float = Field(default=0.1, gt=0)
     slope_tolerance: float = Field(default=0.15, gt=0)
     certify: PositiveFloat | None = Field(
-        default=1e-6, description="stationarity tolerance of each unit's critical-point certificate (None: no polish)"
+        default=1e-6, description="Clarke-residual tolerance of each unit's critical-point certificate (None: none)"
     )
     jacobian_rtol: float = Field(default=1e-3, gt=0, lt=1)
     log_every: int = Field(default=500, ge=1)

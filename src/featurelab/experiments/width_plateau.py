@@ -15,10 +15,11 @@ m(32) ended 1.01 m(64) (a cosine Adam schedule did worse). paper (for a GPU): bo
 and the teacher with N = 1000, 15 widths in [1, 200] x 3 trials each, Adam 10k + GD 5k.
 For classification the analysis also computes Prop. 14's width bound for the one-hot labels, cp-rank(M_Y)
 (`cp_rank_bounds`), the paper's explanation of a plateau near the number of classes.
-m(w) is a minimal loss: every unit is certified (Clarke residual <= `CERTIFY`, `featurelab.training.certify`) and the
-claims on m(w) (premise "critical") are judged on the trained nets and again on the certified points, where they are
-"not measured" when a minimiser is not certified (docs/reproduction.md, "How a verdict is judged"). The Carathéodory
-claims hold for any network (kind "identity"); the test error is a property of the trained nets (no premise).
+m(w) is a minimal loss: every unit is certified (Clarke residual <= the config's `certify`, `CERTIFY` by default;
+`featurelab.training.certify`) and the claims on m(w) (premise "critical") are judged on the trained nets and again
+on the certified points, where they are "not measured" when a minimiser is not certified (docs/reproduction.md, "How
+a verdict is judged"). The Carathéodory claims hold for any network (kind "identity"); the test error is a property
+of the trained nets (no premise).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt
 
 from ..catalog import Entry
 from ..claims import Threshold, all_of_claim, threshold_claim
@@ -120,6 +121,9 @@ class Config(ExperimentConfig):
     teacher_n_test: int = Field(default=1000, ge=0)
     mnist_path: str | None = None
     dtype: Literal["float32", "float64"] = "float32"
+    certify: PositiveFloat | None = Field(
+        default=CERTIFY, description="Clarke-residual tolerance of each unit's critical-point certificate (None: none)"
+    )
 
 
 PRESETS = {
@@ -209,7 +213,7 @@ def build(cfg: Config, unit: dict) -> TrainingUnit:
         seed=cfg.seed + 1000 * unit["trial"] + unit["width"],
     )
     config = sweep.train_config(OBJECTIVE[unit["dataset"]], sweep.lam, top_singular_values=0)
-    return TrainingUnit(model, data, config, certify=CERTIFY)
+    return TrainingUnit(model, data, config, certify=cfg.certify)
 
 
 def shrink(model, data: Dataset, objective: str, lam: float) -> dict:
