@@ -341,52 +341,6 @@ def test_measurement_on_cuda_equals_cpu(name):
     assert_same(CALLS[name]("cpu"), CALLS[name]("cuda"), MEASURE_RTOL, name)
 
 
-# ---------------------------------------------------------------------------------- experiments
-def _without_timings(x):
-    """`x` without its wall-clock fields (keys naming seconds): they measure the machine, not the result."""
-    if isinstance(x, dict):
-        return {k: _without_timings(v) for k, v in x.items() if "seconds" not in str(k)}
-    if isinstance(x, list):
-        return [_without_timings(v) for v in x]
-    return x
-
-
-def smallest_preset_float64(name: str) -> tuple[str, dict]:
-    """The experiment's `tiny` preset (seconds on a CPU), and the override that trains it in float64 where it
-    has a choice."""
-    return "tiny", ({"dtype": "float64"} if "dtype" in REGISTRY[name].config.model_fields else {})
-
-
-@pytest.mark.parametrize("name", sorted(OWN - NEEDS_LOCAL_FILES))
-def test_every_tiny_preset_trains_in_float64(name):
-    """Runs on the CPU: the comparison below needs a `tiny` preset whose networks train in float64 (checked on
-    the first unit of experiments that build their units)."""
-    from featurelab.runs.runner import resolve_config
-
-    preset, overrides = smallest_preset_float64(name)
-    exp, cfg = resolve_config(name, preset, overrides)
-    if exp.build is not None:
-        job = exp.build(cfg, exp.units(cfg)[0])
-        assert {p.dtype for p in job.model.parameters()} == {torch.float64}
-
-
-@pytest.mark.parametrize("name", sorted(OWN - NEEDS_LOCAL_FILES))
-@on_cuda
-def test_smallest_preset_on_cuda_equals_cpu(name, tmp_path):
-    preset, overrides = smallest_preset_float64(name)
-    runs = {
-        dev: run_experiment(name, preset, overrides, out=tmp_path / dev, device=dev, workers=1, progress=False)
-        for dev in ("cpu", "cuda")
-    }
-    cpu, gpu = runs["cpu"], runs["cuda"]
-    verdicts = {dev: {c["id"] or c["statement"]: c["passed"] for c in r.claims} for dev, r in runs.items()}
-    assert verdicts["cuda"] == verdicts["cpu"], name
-    summaries = _without_timings(cpu.summary), _without_timings(gpu.summary)
-    rtol = EXPERIMENT_RTOL_CHAOTIC.get(name, EXPERIMENT_RTOL)
-    assert_same(*summaries, rtol, f"{name} --preset {preset}: summary")
-    assert math.isfinite(sum(float(np.nansum(a)) for a in _numbers(summaries[1])))
-
-
 # ------------------------------------------------------------------------------------ capture
 @on_cuda
 def test_captured_training_equals_eager_on_cuda(monkeypatch):
@@ -434,3 +388,57 @@ def test_member_bytes_matches_the_memory_of_a_training_step_on_cuda():
     train(job.model, job.data, config, device="cuda", progress=False)
     peak = torch.cuda.max_memory_allocated() - base
     assert peak / 2 <= need <= 2 * peak, (need, peak)
+
+
+# ---------------------------------------------------------------------------------- experiments
+def _without_timings(x):
+    """`x` without its wall-clock fields (keys naming seconds): they measure the machine, not the result."""
+    if isinstance(x, dict):
+        return {k: _without_timings(v) for k, v in x.items() if "seconds" not in str(k)}
+    if isinstance(x, list):
+        return [_without_timings(v) for v in x]
+    return x
+
+
+def smallest_preset_float64(name: str) -> tuple[str, dict]:
+    """The experiment's `tiny` preset (seconds on a CPU), and the override that trains it in float64 where it
+    has a choice."""
+    return "tiny", ({"dtype": "float64"} if "dtype" in REGISTRY[name].config.model_fields else {})
+
+
+def without_certification(name: str) -> dict:
+    """The override that skips the certified tier where the experiment has one: certification runs on the CPU
+    in float64 from the trained net whatever the training device (tests/test_certify.py checks it), and at
+    minutes a unit it would dominate a comparison of what the device computes."""
+    return {"certify": None} if "certify" in REGISTRY[name].config.model_fields else {}
+
+
+@pytest.mark.parametrize("name", sorted(OWN - NEEDS_LOCAL_FILES))
+def test_every_tiny_preset_trains_in_float64(name):
+    """Runs on the CPU: the comparison below needs a `tiny` preset whose networks train in float64 (checked on
+    the first unit of experiments that build their units)."""
+    from featurelab.runs.runner import resolve_config
+
+    preset, overrides = smallest_preset_float64(name)
+    exp, cfg = resolve_config(name, preset, overrides)
+    if exp.build is not None:
+        job = exp.build(cfg, exp.units(cfg)[0])
+        assert {p.dtype for p in job.model.parameters()} == {torch.float64}
+
+
+@pytest.mark.parametrize("name", sorted(OWN - NEEDS_LOCAL_FILES))
+@on_cuda
+def test_smallest_preset_on_cuda_equals_cpu(name, tmp_path):
+    preset, overrides = smallest_preset_float64(name)
+    overrides = {**overrides, **without_certification(name)}
+    runs = {
+        dev: run_experiment(name, preset, overrides, out=tmp_path / dev, device=dev, workers=1, progress=False)
+        for dev in ("cpu", "cuda")
+    }
+    cpu, gpu = runs["cpu"], runs["cuda"]
+    verdicts = {dev: {c["id"] or c["statement"]: c["passed"] for c in r.claims} for dev, r in runs.items()}
+    assert verdicts["cuda"] == verdicts["cpu"], name
+    summaries = _without_timings(cpu.summary), _without_timings(gpu.summary)
+    rtol = EXPERIMENT_RTOL_CHAOTIC.get(name, EXPERIMENT_RTOL)
+    assert_same(*summaries, rtol, f"{name} --preset {preset}: summary")
+    assert math.isfinite(sum(float(np.nansum(a)) for a in _numbers(summaries[1])))
