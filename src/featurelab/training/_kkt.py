@@ -26,12 +26,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.optimize import lsq_linear
 from scipy.sparse.linalg import LinearOperator, lsqr
 
 LSQR_TOLERANCE = 1e-14  # atol = btol of every LSQR solve (relative residuals, Paige & Saunders §6)
 LSQR_ITERATIONS = 5000  # at most this many LSQR steps per solve
 RANK_RECOVERY = 1e-6  # J_0 has full row rank when the min-norm solve recovers a random μ from J_0ᵀμ to this
 PROBES = 32  # random products that estimate J_0's row norms (the preconditioner)
+BOX_ITERATIONS = 200  # at most this many trust-region reflective steps of the bounded slope solve
+AT_BOUND = 1e-9  # a bounded slope this close to a bound is held there by the refinement
 
 
 class Linearised:
@@ -192,6 +195,46 @@ class Projector:
             return self.lin.g0.new_zeros(0), self.lin.g0
         nu = -self._solve(self.op, self.lin.g0) / self.scale
         return nu, self.lin.g0 + self.lin.Jt(nu)
+
+    def box_slopes(self, c: torch.Tensor, low: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """``argmin ‖g_0 + J_0ᵀ(c ⊙ s)‖`` over ``s ∈ [low, 1]^K`` (K,) for output cotangents c (K,), the bounded
+        problem the dense path hands to BVLS, on products: scipy's trust-region reflective `lsq_linear` (LSMR inner
+        solves) from `start`, then its end refined by LSQR on the coordinates off their bounds with those within
+        `AT_BOUND` of a bound held there (an interior method only approaches an active bound); the refined point is
+        kept when it stays in the box and lowers the residual."""
+        lin, ones = self.lin, torch.ones_like(low)
+        op = _sloped(lin, c, torch.ones(lin.K, dtype=torch.bool))
+        found = lsq_linear(
+            op, -lin.g0.numpy(), bounds=(low.numpy(), ones.numpy()), method="trf", tol=1e-15, max_iter=BOX_ITERATIONS
+        )
+        s = _tensor(found.x).clamp(low, ones)
+        s = torch.where(s - low <= AT_BOUND, low, torch.where(ones - s <= AT_BOUND, ones, s))
+        free = (s > low) & (s < ones)
+        residual = lin.g0 + lin.Jt(c * s)
+        if not bool(free.any()):
+            return s
+        step = least_squares(_sloped(lin, c, free), -residual).x
+        refined = s.clone()
+        refined[free] += step
+        inside = bool(((refined >= low) & (refined <= ones)).all())
+        if inside and float((lin.g0 + lin.Jt(c * refined)).norm()) < float(residual.norm()):
+            return refined
+        return s
+
+
+def _sloped(lin: Linearised, c: torch.Tensor, free: torch.Tensor) -> LinearOperator:
+    """``x ↦ J_0ᵀ(c ⊙ x)`` on the coordinates `free` (P x |free|), the others 0."""
+    index = free.nonzero().squeeze(1)
+
+    def matvec(x: np.ndarray) -> np.ndarray:
+        full = c.new_zeros(lin.K)
+        full[index] = _tensor(x)
+        return lin.Jt(c * full).numpy()
+
+    def rmatvec(y: np.ndarray) -> np.ndarray:
+        return (c * lin.J(_tensor(y)))[index].numpy()
+
+    return LinearOperator((lin.P, int(index.numel())), matvec=matvec, rmatvec=rmatvec, dtype=np.float64)
 
 
 def dense_bytes(K: int, P: int) -> float:

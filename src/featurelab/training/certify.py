@@ -343,8 +343,8 @@ class _Multipliers:
     gradient's norm, a_K, the rank, whether the slopes lie in their box, the box's lower bounds, the output
     cotangents c_k at the slopes, and `box`: slopes in the box, the slopes themselves when they lie there, else
     `_box_slopes` (the Hessian of the snap's steps is taken there). Where J_0 is too large to hold
-    (`MAX_JACOBIAN_BYTES`), U, S, Vh are empty, `free` does their work on products (`_kkt.Projector`), and `box`
-    is the slopes clipped to the box."""
+    (`MAX_JACOBIAN_BYTES`), U, S, Vh are empty and `free` does their work on products (`_kkt.Projector`), the
+    bounded slope solve included."""
 
     U: torch.Tensor
     S: torch.Tensor
@@ -424,7 +424,7 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
     Ug = U.T @ g0
     r = g0 - U @ Ug
     nu = -(Vh.T @ (Ug / S))  # the min-norm ν: J_0ᵀν = −U Uᵀg_0
-    fields = _realised(problem, theta, masks, leaks, nu, r, gr, (S[:, None] * Vh, Ug))
+    fields = _realised(problem, theta, masks, leaks, nu, r, gr, _dense_box(S[:, None] * Vh, Ug))
     return _Multipliers(U, S, Vh, fields[0], r, fields[1], fields[2], a_K, rank, *fields[3:])
 
 
@@ -434,15 +434,19 @@ def _free_multipliers(problem: _Problem, theta, masks: list[torch.Tensor], leaks
     problem.cost = lin.cost
     free = Projector(lin)
     nu, r = free.solve_multipliers()
-    fields = _realised(problem, theta, masks, leaks, nu, r, lin.gr, None)
+    fields = _realised(problem, theta, masks, leaks, nu, r, lin.gr, free.box_slopes)
     empty = theta.new_zeros(0)
     return _Multipliers(empty, empty, empty, fields[0], r, fields[1], fields[2], lin.a_K, free.rank, *fields[3:], free)
 
 
-def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch.Tensor, gr: torch.Tensor, dense):
+BoxSolve = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (c, low, start) -> slopes in the box
+
+
+def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch.Tensor, gr: torch.Tensor, box):
     """``(slopes, δ_LS, ‖∇R‖, feasible, low, c, box)``: the slopes that realise the multipliers ν (K,) (module
     docstring), δ_LS from the least-squares residual r (P,), the box's lower bounds, the output cotangents c_k and
-    the box slopes (`_box_slopes` on ``dense = (S Vᵀ, Uᵀg_0)``; clipped slopes where ``dense`` is None)."""
+    the box slopes (`_box_slopes` with the bounded solve `box`: BVLS on the dense factors, `Projector.box_slopes`
+    on products)."""
     K = nu.numel()
     bounds = [torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)]
     low = torch.cat([torch.zeros(0, dtype=torch.float64), *bounds])
@@ -456,28 +460,34 @@ def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch
         slopes = new
     norm = _denominator(gr, theta, problem.cost, problem.lam)
     feasible = bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
-    if feasible:
-        box = slopes
-    elif dense is None:
-        box = slopes.clamp(low, torch.ones_like(low))
-    else:
-        SVh, Ug = dense
-        box = _box_slopes(problem, theta, masks, SVh, Ug, low, slopes)
-    return slopes, _over(float(r.norm()), norm), norm, feasible, low, c, box
+    box_slopes = slopes if feasible else _box_slopes(problem, theta, masks, box, low, slopes)
+    return slopes, _over(float(r.norm()), norm), norm, feasible, low, c, box_slopes
 
 
-def _box_slopes(problem, theta, masks, SVh: torch.Tensor, Ug: torch.Tensor, low: torch.Tensor, start: torch.Tensor):
-    """Slopes s ∈ [leak, 1]^K minimising ‖g_0 + J_0ᵀ(c(s) ⊙ s)‖, that is ‖Uᵀg_0 + S Vᵀ(c ⊙ s)‖ (the part of g_0
-    off range(J_0ᵀ) is the same for every s), by bounded-variable least squares (scipy's BVLS) at the cotangents c of
-    the last slopes, swept as `multipliers` sweeps (c_k depends only on the slopes downstream of k). Where J_0 is
-    rank-deficient the least-squares ν form an affine family, and the min-norm one may leave the box while another
-    stays inside it: the bounded problem finds that one (δ = δ_LS then)."""
-    s = start.clamp(low, torch.ones_like(low))
-    for _ in range(len(masks) + 1 if SVh.shape[0] else 0):
-        c = _output_cotangents(problem, theta, masks, s)
+def _dense_box(SVh: torch.Tensor, Ug: torch.Tensor) -> BoxSolve:
+    """The bounded slope solve on J_0ᵀ's factors: ``min ‖Uᵀg_0 + S Vᵀ(c ⊙ s)‖`` over the box (the part of g_0 off
+    range(J_0ᵀ) is the same for every s) by bounded-variable least squares (scipy's BVLS)."""
+
+    def solve(c: torch.Tensor, low: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        if not SVh.shape[0]:  # J_0 = 0: every slope gives the same residual
+            return start
         A, b = (SVh * c).numpy(), -Ug.numpy()
-        found = lsq_linear(A, b, bounds=(low.numpy(), np.ones(s.numel())), method="bvls", tol=1e-15)
-        new = torch.from_numpy(found.x).clamp(low, torch.ones_like(low))
+        found = lsq_linear(A, b, bounds=(low.numpy(), np.ones(low.numel())), method="bvls", tol=1e-15)
+        return torch.from_numpy(found.x)
+
+    return solve
+
+
+def _box_slopes(problem, theta, masks, solve: BoxSolve, low: torch.Tensor, start: torch.Tensor):
+    """Slopes s ∈ [leak, 1]^K minimising ‖g_0 + J_0ᵀ(c(s) ⊙ s)‖ by the bounded least-squares `solve` at the
+    cotangents c of the last slopes, swept as `multipliers` sweeps (c_k depends only on the slopes downstream of k).
+    Where J_0 is rank-deficient the least-squares ν form an affine family, and the min-norm one may leave the box
+    while another stays inside it: the bounded problem finds that one (δ = δ_LS then)."""
+    ones = torch.ones_like(low)
+    s = start.clamp(low, ones)
+    for _ in range(len(masks) + 1 if s.numel() else 0):
+        c = _output_cotangents(problem, theta, masks, s)
+        new = solve(c, low, s).clamp(low, ones)
         if torch.equal(new, s):
             break
         s = new
