@@ -199,9 +199,10 @@ class Projector:
     def box_slopes(self, c: torch.Tensor, low: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """``argmin ‖g_0 + J_0ᵀ(c ⊙ s)‖`` over ``s ∈ [low, 1]^K`` (K,) for output cotangents c (K,), the bounded
         problem the dense path hands to BVLS, on products: scipy's trust-region reflective `lsq_linear` (LSMR inner
-        solves) from `start`, then its end refined by LSQR on the coordinates off their bounds with those within
-        `AT_BOUND` of a bound held there (an interior method only approaches an active bound); the refined point is
-        kept when it stays in the box and lowers the residual."""
+        solves; it picks its own interior start, so `start`, part of the common signature, is not used), then its
+        end refined by LSQR on the coordinates off their bounds with those within `AT_BOUND` of a bound held there
+        (an interior method only approaches an active bound); the refined point is kept when it stays in the box
+        and lowers the residual."""
         lin, ones = self.lin, torch.ones_like(low)
         op = _sloped(lin, c, torch.ones(lin.K, dtype=torch.bool))
         found = lsq_linear(
