@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 FL     := $(VENV)/bin/featurelab
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow test-gpu gpu-check lint format bench clean wheel-check
+.PHONY: install demo test test-slow test-gpu gpu-check lint typecheck format bench clean wheel-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,9 +27,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not cuda"
 
+# lint: ruff's rules and format (seconds); typecheck: pyright on src and tests (about a minute: it reads torch's
+# stubs). CI runs both (.ci/run).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
+
+typecheck: $(STAMP)
 	$(VENV)/bin/pyright --threads 2
 
 format: $(STAMP)
