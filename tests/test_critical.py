@@ -11,7 +11,7 @@ from torch import nn
 from featurelab.data.dataset import Dataset
 from featurelab.measurements.hamiltonian import geodesic_diagnostics
 from featurelab.models import MLP, LeakyResNet
-from featurelab.training.critical import _Problem, hessian_condition, polish, stationarity
+from featurelab.training.critical import _Problem, _ratio, descend, hessian_condition, polish, stationarity
 
 
 class Linear(nn.Module):
@@ -45,6 +45,29 @@ def test_polish_reaches_the_ridge_minimiser():
     assert cert.certified and cert.stationarity <= 1e-10
     np.testing.assert_allclose(model.W.detach().numpy(), W_star, rtol=0, atol=1e-10)
     assert cert.loss_after < cert.loss_before and cert.condition is None and cert.detail["relu_kinks"] == 0
+
+
+def test_descent_reaches_the_ridge_minimiser_and_stops_at_its_tolerance():
+    """L-BFGS (`descend`) on ridge regression: it reaches the closed-form minimiser, and it stops at the first
+    iterate within its tolerance (a looser tolerance stops it earlier, at a point that is not yet the minimiser)."""
+    data, lam = ridge_data(2, N=60, d_in=8, d_out=4), 0.02
+    X, Y = data.X_train.numpy(), data.Y_train.numpy()
+    W_star = np.linalg.solve(X.T @ X / 60 + lam * np.eye(8), X.T @ Y / 60).T
+    problem = _Problem(Linear(8, 4), data, "mse", lam)
+
+    def stat(theta):
+        _, g, gr, cost = problem.evaluate(theta)
+        return _ratio(g, gr, theta, cost, lam)
+
+    theta, iterations = descend(problem, problem.theta, 1e-9, 500)  # (its line search compares float64 losses)
+    assert stat(theta) <= 1e-9 and 0 < iterations < 500
+    np.testing.assert_allclose(theta.view(4, 8).numpy(), W_star, rtol=0, atol=1e-9)
+    rough, early = descend(problem, problem.theta, 1e-3, 500)
+    assert 1e-9 < stat(rough) <= 1e-3 and early < iterations
+    capped, two = descend(problem, problem.theta, 1e-9, 2)
+    assert two == 2 and stat(capped) > 1e-3
+    same, none = descend(problem, theta, 1e-9, 500)  # already within the tolerance: nothing moves
+    assert none == 0 and torch.equal(same, theta)
 
 
 def test_stationarity_against_closed_form_gradients():

@@ -17,7 +17,8 @@ Clarke residual ``δ = min_{s∈[a,1]^K} ‖∇𝓛_s‖/‖∇R‖``, and it is
 of its Lagrangian is ``∇²𝓛_{s*}``.
 
 `certify` reaches such a point in float64: a continuation on smoothed activations (softplus_β, β = 10 … 1e7, each
-stage minimised by `critical.minimise`), the kink set read off the last stage (``|a_k| <= 30/β``), then a
+stage minimised by limited-memory BFGS, `critical.descend`, then trust-region Newton-CG, `critical.minimise`), the
+kink set read off the last stage (``|a_k| <= 30/β``), then a
 "snap": Newton steps of the KKT system on M (a restoration ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` plus a tangent step by projected
 conjugate gradients on Hessian-vector products of ``𝓛_{s*}``), which converge quadratically. Its solves with J_0 use
 J_0's SVD where J_0 fits in `MAX_JACOBIAN_BYTES`, and LSQR on products of J_0 otherwise (`_kkt`). The certificate
@@ -33,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import cast
 
 import numpy as np
@@ -48,10 +50,11 @@ from ..checks import positive
 from ..data.dataset import Dataset
 from ..runtime import float64_copy
 from ._kkt import Linearised, Projector, dense_bytes
-from .critical import Certificate, _certificate, _denominator, _Problem, _ratio, minimise
+from .critical import Certificate, _certificate, _denominator, _Problem, _ratio, descend, minimise
 
 BETAS = (1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7)  # the continuation's smoothing sharpnesses
-STAGE_ITERATIONS = 200  # Newton steps per continuation stage at most
+DESCENT_ITERATIONS = 20_000  # L-BFGS iterations per continuation stage at most (`critical.descend`)
+STAGE_ITERATIONS = 200  # Newton steps per continuation stage at most, after the L-BFGS descent
 KINK_WIDTH = 30.0  # K = {|a| <= KINK_WIDTH/β}: softplus_β bends within a few 1/β of 0
 MIN_GAP = 1e6  # identification: min |a| off K over max |a| on K
 SNAP_ITERATIONS = 8
@@ -64,7 +67,8 @@ MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely up to 1 GiB; larger on
 MAX_KINKS = 2**20  # kink sets larger than this are refused: each snap step's LSQR solves grow with K
 ESCAPE_SLACK = 1e-3  # a held neuron escapes when its ratio exceeds 1 + this (live neurons sit at exactly 1)
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
-METHOD = "softplus continuation + active-set Newton snap, float64"
+METHOD = "softplus continuation (L-BFGS, then Newton-CG) + active-set Newton snap, float64"
+STALLED = "the snap stopped converging"
 
 
 def _leak(func, args, kwargs) -> float | None:
@@ -342,7 +346,8 @@ class _Multipliers:
     basis of range(J_0ᵀ)), the min-norm ν, the projected gradient r = g_0 + J_0ᵀν, the slopes s, δ_LS, the penalty
     gradient's norm, a_K, the rank, whether the slopes lie in their box, the box's lower bounds, the output
     cotangents c_k at the slopes, and `box`: slopes in the box, the slopes themselves when they lie there, else
-    `_box_slopes` (the Hessian of the snap's steps is taken there). Where J_0 is too large to hold
+    `_box_slopes` (a bounded solve, computed when first asked for: the snap's steps take the Hessian at the
+    least-squares slopes, and only the point where they end needs the box). Where J_0 is too large to hold
     (`MAX_JACOBIAN_BYTES`), U, S, Vh are empty and `free` does their work on products (`_kkt.Projector`), the
     bounded slope solve included."""
 
@@ -358,8 +363,18 @@ class _Multipliers:
     feasible: bool
     low: torch.Tensor
     cotangents: torch.Tensor
-    box: torch.Tensor
+    solve_box: Callable[[], torch.Tensor]
     free: Projector | None = None
+
+    @cached_property
+    def box(self) -> torch.Tensor:
+        """The slopes in [leak, 1]^K: `slopes` where they lie there, else `_box_slopes` (K,)."""
+        return self.solve_box()
+
+    @property
+    def clamped(self) -> torch.Tensor:
+        """`slopes` clamped to [leak, 1]^K (K,)."""
+        return self.slopes.clamp(self.low, torch.ones_like(self.low))
 
     def project(self, v: torch.Tensor) -> torch.Tensor:
         """v's component in null(J_0) (P,)."""
@@ -445,8 +460,8 @@ BoxSolve = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  #
 def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch.Tensor, gr: torch.Tensor, box):
     """``(slopes, δ_LS, ‖∇R‖, feasible, low, c, box)``: the slopes that realise the multipliers ν (K,) (module
     docstring), δ_LS from the least-squares residual r (P,), the box's lower bounds, the output cotangents c_k and
-    the box slopes (`_box_slopes` with the bounded solve `box`: BVLS on the dense factors, `Projector.box_slopes`
-    on products)."""
+    a function that gives the box slopes (`_box_slopes` with the bounded solve `box`: BVLS on the dense factors,
+    `Projector.box_slopes` on products)."""
     K = nu.numel()
     bounds = [torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)]
     low = torch.cat([torch.zeros(0, dtype=torch.float64), *bounds])
@@ -460,7 +475,10 @@ def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch
         slopes = new
     norm = _denominator(gr, theta, problem.cost, problem.lam)
     feasible = bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
-    box_slopes = slopes if feasible else _box_slopes(problem, theta, masks, box, low, slopes)
+
+    def box_slopes() -> torch.Tensor:
+        return slopes if feasible else _box_slopes(problem, theta, masks, box, low, slopes)
+
     return slopes, _over(float(r.norm()), norm), norm, feasible, low, c, box_slopes
 
 
@@ -504,11 +522,13 @@ def _over(x: float, norm: float) -> float:
 def clarke_residual(problem: _Problem, theta, masks, m: _Multipliers, bounded: bool = True):
     """δ and the slopes that attain it: δ_LS when the recovered slopes lie in their box (checked by evaluating
     ∇𝓛_s directly), else the smaller of its value at the box slopes `m.box` and a bounded L-BFGS-B solve from them (an
-    upper bound; without `bounded`, the value at `m.box`, as the snap's intermediate iterates use)."""
+    upper bound). Without `bounded`, the value at the least-squares slopes clamped to the box (`m.clamped`): an upper
+    bound of δ that costs one gradient, as the snap's start and intermediate iterates use."""
+    if m.feasible or not m.slopes.numel() or not bounded:
+        s = m.box if m.feasible else m.clamped
+        return _over(_sloped_gradient_norm(problem, theta, masks, s), m.penalty_norm), s
     s = m.box
     direct = _over(_sloped_gradient_norm(problem, theta, masks, s), m.penalty_norm)
-    if m.feasible or not s.numel() or not bounded:
-        return direct, s
     box = list(zip(m.low.tolist(), [1.0] * s.numel()))
 
     def objective(x: np.ndarray):
@@ -564,9 +584,11 @@ def _projected_cg(hess, project, rhs: torch.Tensor, max_steps: int) -> tuple[tor
 
 def snap_step(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[torch.Tensor, bool]:
     """One Newton step of the KKT system on M: restoration ``−J_0⁺a_K`` (= ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` at full rank;
-    ``−U S⁻¹Vᵀa_K``) plus the tangent step v ∈ null(J_0) solving ``P∇²𝓛_{s*}P v = −P(r + ∇²𝓛_{s*} d_r)``."""
+    ``−U S⁻¹Vᵀa_K``) plus the tangent step v ∈ null(J_0) solving ``P∇²𝓛_sP v = −P(r + ∇²𝓛_s d_r)`` at the
+    least-squares slopes s = ν/c, inside the box or not: on null(J_0) their Hessian is the Lagrangian's,
+    ``∇²𝓛_0 + Σ_k ν_k∇²a_k``, whose Newton steps converge quadratically to the KKT point on M."""
     d_r = m.restoration()  # −J_0⁺a_K
-    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.box))
+    saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
     try:
         hess = problem.hessian_at(theta)
         v, negative = _projected_cg(hess, m.project, -(m.r + hess(d_r)), min(theta.numel(), 1000))
@@ -625,21 +647,24 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
     steps solve, stops falling): ``(the start, the end, the entries off K whose sign the last step changed (per call)
     or None)``; a step that changes signs off K is not taken. Steps are taken whatever the box says of the
     multipliers: off M they are estimates, and the slopes are judged where the steps end (the release rule)."""
-    end = _newton_steps(problem, theta, masks, leaks, tolerance)
-    start, current, flips = end
-    if current.m.feasible or not current.slopes.numel():
-        return end
-    delta, slopes = clarke_residual(problem, current.theta, masks, current.m)
-    return start, replace(current, delta=delta, slopes=slopes), flips
+    start, current, flips = _newton_steps(problem, theta, masks, leaks, tolerance)
+    if not current.m.feasible and current.slopes.numel():
+        delta, slopes = clarke_residual(problem, current.theta, masks, current.m)
+        current = replace(current, delta=delta, slopes=slopes)
+    if current.rule == STALLED:
+        rule = f"{STALLED} (Clarke residual {current.delta:.2g})" if current.delta > tolerance else ""
+        current = replace(current, rule=rule)
+    return start, current, flips
 
 
 def _newton_steps(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
-    """`_newton_on`'s steps, with δ at the box slopes where the multipliers leave the box."""
+    """`_newton_on`'s steps, with δ's upper bound at the clamped slopes where the multipliers leave the box, and the
+    rule `STALLED` where δ_LS stops falling (`_newton_on` judges it at the end point's δ)."""
     inputs, _ = activation_inputs(problem, theta)
     signs = [z > 0 for z in inputs]
     outside = problem.excluded() if isinstance(problem, _Reduced) else [torch.zeros_like(s) for s in signs]
     m = multipliers(problem, theta, masks, leaks)
-    delta, slopes = clarke_residual(problem, theta, masks, m)
+    delta, slopes = clarke_residual(problem, theta, masks, m, bounded=False)
     start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
     for it in range(1, SNAP_ITERATIONS + 1):
         if current.delta <= SNAP_FLOOR:
@@ -652,9 +677,7 @@ def _newton_steps(problem: _Problem, theta: torch.Tensor, masks, leaks, toleranc
         previous, m = m, multipliers(problem, new_theta, masks, leaks)
         delta, slopes = clarke_residual(problem, new_theta, masks, m, bounded=False)
         if it > 1 and m.delta >= previous.delta:  # at rounding level, or diverging (the first step restores a_K = 0)
-            stalled = current.delta > tolerance
-            rule = f"the snap stopped converging (Clarke residual {delta:.2g})" if stalled else ""
-            return start, replace(current, rule=rule), None
+            return start, replace(current, rule=STALLED), None
         # negative curvature met by the tangent solve matters while the point is not yet critical; at a critical
         # point the reduced Hessian's Lanczos (`_verdict`) tells a saddle from a flat minimum
         rule = "curvature < 0 on M" if negative and delta > tolerance else ""
@@ -726,12 +749,12 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
     saved, result = problem.mode, None
     for beta in BETAS:
         problem.mode = lambda b=beta: Pieces(beta=b)
-        left = None if max_seconds is None else max(max_seconds - (time.perf_counter() - t0), 1e-3)
         try:
-            theta, taken, _ = minimise(problem, theta, min(1e-3, 0.1 / beta), STAGE_ITERATIONS, left)
+            theta, taken = descend(problem, theta, min(1e-3, 0.1 / beta), DESCENT_ITERATIONS, _left(max_seconds, t0))
+            theta, newton, _ = minimise(problem, theta, min(1e-3, 0.1 / beta), STAGE_ITERATIONS, _left(max_seconds, t0))
         finally:
             problem.mode = saved
-        steps += taken
+        steps += taken + newton
         width = KINK_WIDTH / beta if beta >= SNAP_FROM else 0.0
         refused = _too_large_to_try(problem, theta, width)
         if refused:
@@ -751,6 +774,10 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
     assert result is not None
     (start, end), reduced = result
     return start, end, steps, reduced
+
+
+def _left(max_seconds: float | None, t0: float) -> float | None:
+    return None if max_seconds is None else max(max_seconds - (time.perf_counter() - t0), 1e-3)
 
 
 def _too_large(masks: list[torch.Tensor], theta: torch.Tensor) -> str:

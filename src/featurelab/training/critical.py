@@ -49,6 +49,7 @@ METHOD = "trust-region Newton-CG (Steihaug), float64"
 # stalled: in 100 iterations neither the best stationarity fell by 10 % nor the loss by 1e-6 of itself
 STALL_FACTOR, STALL_ITERATIONS, STALL_LOSS = 0.9, 100, 1e-6
 ROUNDING = 1e-10  # below this relative change of the loss its float64 difference is too noisy to judge a step
+LBFGS_PAIRS = 50  # curvature pairs `descend` keeps
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class Certificate(Result):
     the smallest stationarity over the slopes at the kinks; equal to `stationarity` without kinks); kinks: how many
     activation inputs sit at a kink; gap, jacobian_rank, slopes_at_bounds, min_reduced_eigenvalue, kind ("minimum",
     "saddle" or "undecided"), rule (the certificate's failed rule, "" when certified) and previous_clarke (δ at the
-    earlier point of the path that `certify` keeps) are filled by `certify`. condition: a Lanczos estimate of the
+    earlier point of the path that `certify` keeps, the snap's start; where its least-squares slopes leave the box,
+    the upper bound at those slopes clamped to it) are filled by `certify`. condition: a Lanczos estimate of the
     Hessian's condition number ``|μ|_max/|μ|_min`` where not certified (None otherwise). detail: for Leaky ResNets
     under "mse",
     the per-layer residual ``‖W_l − L̃B_lᵀσ(A_{l−1})‖/‖W_l‖`` of the critical-point equation (0 at a critical
@@ -477,3 +479,41 @@ def minimise(
             loss, g, gr, cost = new
             hess = None
     return theta, iterations, hess
+
+
+def descend(
+    problem: _Problem, theta: torch.Tensor, tolerance: float, max_iterations: int, max_seconds: float | None = None
+) -> tuple[torch.Tensor, int]:
+    """Limited-memory BFGS on `problem` (whatever activations its `mode` gives) from θ, in float64: scipy's L-BFGS-B
+    without bounds (Byrd, Lu, Nocedal & Zhu 1995, SIAM J. Sci. Comput. 16(5); `LBFGS_PAIRS` curvature pairs),
+    stopping at the first iterate whose stationarity is <= `tolerance`, after `max_iterations` iterations or
+    `max_seconds`, or when its line search can no longer lower the loss in float64 (scipy's own tolerances are
+    off). On a smoothed ReLU net whose Hessian spreads over many orders it keeps descending where the trust-region
+    Newton-CG of `minimise` stalls, and `minimise` then finishes from its point. Returns ``(θ, iterations)``."""
+    t0 = time.perf_counter()
+    last: list[tuple[np.ndarray, float]] = []  # the last point evaluated and its stationarity
+
+    def loss_and_gradient(x: np.ndarray) -> tuple[float, np.ndarray]:
+        t = torch.from_numpy(x.copy())
+        loss, g, gr, cost = problem.evaluate(t)
+        last[:] = [(x.copy(), _ratio(g, gr, t, cost, problem.lam))]
+        return loss, g.numpy()
+
+    def stop(intermediate_result) -> None:
+        if last and np.array_equal(intermediate_result.x, last[0][0]) and last[0][1] <= tolerance:
+            raise StopIteration
+        if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+            raise StopIteration
+
+    loss, g, gr, cost = problem.evaluate(theta)
+    if max_iterations <= 0 or _ratio(g, gr, theta, cost, problem.lam) <= tolerance:
+        return theta, 0
+    found = minimize(
+        loss_and_gradient,
+        theta.detach().numpy().copy(),
+        jac=True,
+        method="L-BFGS-B",
+        callback=stop,
+        options={"maxiter": max_iterations, "maxfun": 4 * max_iterations, "maxcor": LBFGS_PAIRS, "ftol": 0, "gtol": 0},
+    )
+    return torch.from_numpy(found.x.copy()), int(found.nit)
