@@ -64,7 +64,7 @@ SNAP_ITERATIONS = 8
 SNAP_REVISIONS = 4  # new starts of the snap after the add or the release rule changed K
 SNAP_FLOOR = 1e-14  # the snap stops at this Clarke residual (rounding), or when δ stops falling
 SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on,
-SNAP_GAP = 1e2  # where the kink set stands out by this gap (and after the last stage in any case)
+SNAP_GAP = 5.0  # where the kink set stands out by this gap (and after the last stage in any case)
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
 MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely up to 1 GiB; larger ones are products (`_kkt`)
 MAX_KINKS = 2**20  # kink sets larger than this are refused: each snap step's LSQR solves grow with K
@@ -743,8 +743,9 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
 
 def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float | None):
     """Minimise the softplus_β-smoothed loss for β = `BETAS` in turn, each stage from the last one's point, and
-    from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP` (and after the
-    last stage), on the live coordinates (`_reduce`: the neurons off or at the kink on every sample zeroed and
+    from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP`, or that ended
+    above its aim (the later, sharper stages would start from a point their predecessor did not converge), and after
+    the last stage, on the live coordinates (`_reduce`: the neurons off or at the kink on every sample zeroed and
     held): stop at the first snap that reaches δ <= tolerance with feasible slopes, or at the first stage whose
     dying units promise a kink set too large for the KKT solve (`_too_large_to_try`). ``(the snap's start, its
     end, Newton steps of the continuation, the reduced problem they live in)``."""
@@ -754,6 +755,7 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
         problem.mode = lambda b=beta: Pieces(beta=b)
         try:
             theta, taken = _stage(problem, theta, min(1e-3, 0.1 / beta), max_seconds, t0)
+            arrived = _stationarity(problem, theta) <= min(1e-3, 0.1 / beta)
         finally:
             problem.mode = saved
         steps += taken
@@ -768,7 +770,7 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
         reduced = _reduce(problem, theta, width, zero=True)
         inputs, _ = activation_inputs(reduced, reduced.theta)
         _kink_set(reduced, reduced.theta, identify(inputs, width, reduced.dead)[0])
-        if identify(inputs, width, reduced.excluded())[1] >= SNAP_GAP or beta == BETAS[-1]:
+        if identify(inputs, width, reduced.excluded())[1] >= SNAP_GAP or not arrived or beta == BETAS[-1]:
             result = _snap(reduced, reduced.theta, beta, tolerance), reduced
             problem.hvps = reduced.hvps
             if not result[0][1].rule and result[0][1].delta <= tolerance:
