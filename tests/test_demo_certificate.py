@@ -58,6 +58,7 @@ def test_the_demo_nets_certified_point_is_clarke_critical(tmp_path):
     (unit,) = exp.units(cfg)
     cert = json.loads((run / "units" / unit["id"] / "certificate.json").read_text())
     assert cert["certified"], cert["rule"]
+    assert exp.build is not None  # leaky-bottleneck trains through build and finish
     job = exp.build(cfg, unit)
     X, Y = job.data.X_train.to(F64), job.data.Y_train.to(F64)
     stored = load_file(run / "units" / unit["id"] / "certified.safetensors")
