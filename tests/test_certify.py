@@ -169,8 +169,8 @@ def test_snap_on_a_small_mlp_and_the_same_bits_twice():
 
 def test_the_release_rule_frees_the_kinks_whose_multipliers_need_a_slope_outside_the_box():
     """A kink set read too widely (30/β = 0.03) off an unconverged net holds an active entry whose multiplier needs a
-    slope > 1: the least-squares slopes leave [0, 1], and `_released` drops exactly the kinks whose best slope in
-    the box sits at a bound, and no other."""
+    slope > 1: the least-squares slopes leave [0, 1], and `_released` drops exactly the kinks whose slope lies
+    outside the box, and no other."""
     net, data = small_mlp()
     problem = _Problem(net, data, "mse", 0.02)
     inputs, leaks = activation_inputs(problem, problem.theta)
@@ -178,11 +178,10 @@ def test_the_release_rule_frees_the_kinks_whose_multipliers_need_a_slope_outside
     _, end, _ = _newton_on(problem, problem.theta, masks, leaks, 1e-8)
     assert not end.m.feasible and end.m.rank == end.slopes.numel()
     outside = (end.m.slopes < -1e-9) | (end.m.slopes > 1 + 1e-9)
-    at_bound = (end.slopes <= 1e-9) | (end.slopes >= 1 - 1e-9)
     released = _released(end)
     assert released is not None
     kept = torch.cat([k[m] for k, m in zip(released, masks)])  # over the old K: which kinks stay
-    assert bool(outside.any()) and torch.equal(kept, ~at_bound)
+    assert bool(outside.any()) and bool((~outside).any()) and torch.equal(kept, ~outside)
     assert all(bool((k <= m).all()) for k, m in zip(released, masks))  # nothing added
 
 
@@ -464,34 +463,68 @@ def test_a_net_with_biases_has_no_inert_kinks():
             assert _kinks_ahead(inputs, leaks, inert=inert) == (0, 6)
 
 
-@pytest.mark.parametrize("products", [False, True], ids=["dense", "matrix-free"])
-def test_a_rank_deficient_kink_set_gets_the_bounded_least_squares_residual(products, monkeypatch):
+def paired_kinks(seed: int):
     """Units 0–2 see only x₄, and samples 0–2 (with their doubles 6–8) have x₄ = 0: 18 kinks at exactly 0 whose rows
-    of J_0 come in parallel pairs (rank 9), so the least-squares multipliers form an affine family and the min-norm
-    one needs slopes outside [0, 1]. With one hidden layer and a = 0 at the kinks, ∇𝓛_s is affine in s: built by
-    hand and minimised over the box by scipy's BVLS, its minimum is the Clarke residual, to rounding. (L-BFGS-B on
-    ‖∇𝓛_s‖² from the clipped min-norm slopes stops 2e-10 above it here; its gradient in s shrinks with the residual,
-    so near a critical point it stops where it starts.) The same on products of J_0, where the bounded problem is
-    solved without the dense factors."""
-    if products:
-        import featurelab.training.certify as method
-
-        monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 0)
-    gen = torch.Generator().manual_seed(0)
+    of J_0 come in parallel pairs (rank 9), so the least-squares multipliers form an affine family (a 9-dimensional
+    one). ``(net, X, Y, λ, problem, leaks, mask)``."""
+    gen = torch.Generator().manual_seed(seed)
     X = torch.randn(6, 4, generator=gen, dtype=F64)
     X[:3, 3] = 0.0
     X = torch.cat([X, 2 * X[:3]])
     Y = torch.randn(9, 2, generator=gen, dtype=F64)
     lam = 0.02
-    net = MLP(4, 2, 5, 2, seed=1, dtype=F64)
+    net = MLP(4, 2, 5, 2, seed=1 + seed, dtype=F64)
     with torch.no_grad():
         net.weights[0][:3, :3] = 0.0
     problem = _Problem(net, Dataset(X, Y, X[:0], Y[:0]), "mse", lam)
     _, leaks = activation_inputs(problem, problem.theta)
     mask = torch.zeros(9, 5, dtype=torch.bool)
     mask[[0, 1, 2, 6, 7, 8], :3] = True
+    return net, X, Y, lam, problem, leaks, mask
+
+
+@pytest.mark.parametrize("products", [False, True], ids=["dense", "matrix-free"])
+def test_a_rank_deficient_kink_set_gets_the_bounded_least_squares_residual(products, monkeypatch):
+    """`paired_kinks`: no least-squares multiplier of the family has its slopes in [0, 1]. With one hidden layer and
+    a = 0 at the kinks, ∇𝓛_s is affine in s: built by hand and minimised over the box by scipy's BVLS, its minimum
+    is the Clarke residual, to rounding. (L-BFGS-B on ‖∇𝓛_s‖² from the clipped min-norm slopes stops 2e-10 above
+    it here; its gradient in s shrinks with the residual, so near a critical point it stops where it starts.) The
+    same on products of J_0, where the bounded problem is solved without the dense factors."""
+    if products:
+        import featurelab.training.certify as method
+
+        monkeypatch.setattr(method, "MAX_JACOBIAN_BYTES", 0)
+    net, X, Y, lam, problem, leaks, mask = paired_kinks(0)
     m = multipliers(problem, problem.theta, [mask], leaks)
     delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
     assert m.rank == (-1 if products else 9) and not m.feasible and bool(((slopes >= 0) & (slopes <= 1)).all())
     expected = bvls_clarke(net, X.numpy(), Y.numpy(), lam, mask.numpy())
     assert delta == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_the_multipliers_family_is_searched_for_slopes_in_the_box(monkeypatch):
+    """`paired_kinks` over 30 draws: the min-norm multipliers' slopes leave [0, 1] in 29, and the linear program over
+    the family (`_least_outside`) finds slopes in the box exactly where the bounded minimum (BVLS on the hand-built
+    affine ∇𝓛_s) equals the least-squares residual δ_LS, which happens for draw 24 only: there the certificate's δ
+    is δ_LS, at slopes that lie in the box, with no bounded solve."""
+    import featurelab.training.certify as method
+
+    searched, found = [], []
+    search = method._least_outside
+
+    def counted(*args):
+        searched.append(True)
+        return search(*args)
+
+    monkeypatch.setattr(method, "_least_outside", counted)
+    for seed in range(30):
+        net, X, Y, lam, problem, leaks, mask = paired_kinks(seed)
+        searched.clear()
+        m = multipliers(problem, problem.theta, [mask], leaks)
+        expected = bvls_clarke(net, X.numpy(), Y.numpy(), lam, mask.numpy())
+        assert m.feasible == (expected <= m.delta * (1 + 1e-12)), seed
+        if m.feasible and searched:
+            found.append(seed)
+            delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
+            assert delta == pytest.approx(m.delta, rel=1e-12) and bool(((slopes >= 0) & (slopes <= 1)).all())
+    assert found == [24]

@@ -42,7 +42,8 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
-from scipy.optimize import lsq_linear, minimize
+from scipy import sparse
+from scipy.optimize import linprog, lsq_linear, minimize
 from torch import nn
 from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
@@ -436,13 +437,14 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
     if dense_bytes(K, theta.numel()) > MAX_JACOBIAN_BYTES:
         return _free_multipliers(problem, theta, masks, leaks, K)
     g0, gr, a_K, J = _cut_gradient(problem, theta, masks, K)
-    U, S, Vh = torch.linalg.svd(J.T, full_matrices=False)  # P x k, k, k x K (k = min(P, K))
+    U, S, Vh = torch.linalg.svd(J.T, full_matrices=K > theta.numel())  # P x k, k, K x K (k = min(P, K))
     rank = int((S > RANK_RTOL * float(S[0])).sum()) if K else 0
+    family = Vh[rank:].T  # K x (K − rank): a basis of null(J_0ᵀ), the directions in which ν is free
     U, S, Vh = U[:, :rank], S[:rank], Vh[:rank]
     Ug = U.T @ g0
     r = g0 - U @ Ug
     nu = -(Vh.T @ (Ug / S))  # the min-norm ν: J_0ᵀν = −U Uᵀg_0
-    fields = _realised(problem, theta, masks, leaks, nu, r, gr, _dense_box(S[:, None] * Vh, Ug))
+    fields = _realised(problem, theta, masks, leaks, nu, r, gr, _dense_box(S[:, None] * Vh, Ug), family)
     return _Multipliers(U, S, Vh, fields[0], r, fields[1], fields[2], a_K, rank, *fields[3:])
 
 
@@ -460,11 +462,13 @@ def _free_multipliers(problem: _Problem, theta, masks: list[torch.Tensor], leaks
 BoxSolve = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (c, low, start) -> slopes in the box
 
 
-def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch.Tensor, gr: torch.Tensor, box):
+def _realised(problem: _Problem, theta, masks, leaks, nu, r: torch.Tensor, gr: torch.Tensor, box, family=None):
     """``(slopes, δ_LS, ‖∇R‖, feasible, low, c, box)``: the slopes that realise the multipliers ν (K,) (module
     docstring), δ_LS from the least-squares residual r (P,), the box's lower bounds, the output cotangents c_k and
     a function that gives the box slopes (`_box_slopes` with the bounded solve `box`: BVLS on the dense factors,
-    `Projector.box_slopes` on products)."""
+    `Projector.box_slopes` on products). Where ν's slopes leave the box and J_0 is rank-deficient (`family`, a
+    basis of null(J_0ᵀ), K x n), the least-squares multipliers ν + `family`·z are searched for the ones whose
+    slopes leave it least (`_least_outside`): the slopes are theirs, and they are feasible when they lie in it."""
     K = nu.numel()
     bounds = [torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)]
     low = torch.cat([torch.zeros(0, dtype=torch.float64), *bounds])
@@ -477,12 +481,52 @@ def _realised(problem: _Problem, theta, masks, leaks, nu: torch.Tensor, r: torch
             break
         slopes = new
     norm = _denominator(gr, theta, problem.cost, problem.lam)
-    feasible = bool(((slopes >= low - SLOPE_SLACK) & (slopes <= 1 + SLOPE_SLACK)).all())
+    feasible = not bool(_outside(slopes, low).any())
+    if not feasible and family is not None and family.shape[1]:
+        slopes, c = _least_outside(problem, theta, masks, nu, family, low, slopes)
+        feasible = not bool(_outside(slopes, low).any())
+    if feasible:  # within `SLOPE_SLACK` of the box: into it (δ is evaluated at the slopes themselves)
+        slopes = slopes.clamp(low, torch.ones_like(low))
 
     def box_slopes() -> torch.Tensor:
         return slopes if feasible else _box_slopes(problem, theta, masks, box, low, slopes)
 
     return slopes, _over(float(r.norm()), norm), norm, feasible, low, c, box_slopes
+
+
+def _outside(slopes: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """Which slopes lie outside [low, 1] by more than `SLOPE_SLACK` (K,) bool."""
+    return (slopes < low - SLOPE_SLACK) | (slopes > 1 + SLOPE_SLACK)
+
+
+def _least_outside(problem, theta, masks, nu: torch.Tensor, family: torch.Tensor, low: torch.Tensor, start):
+    """Among the least-squares multipliers ``ν + N z`` (N = `family`, a basis of null(J_0ᵀ), K x n; all of them
+    leave the same residual), the slopes ``s = (ν + N z)/c(s)`` that leave [low, 1]^K least: the sum of their
+    distances to the box is a linear program in z and one slack t_k >= 0 per kink (scipy's HiGHS),
+    ``min Σt  s.t.  low − t <= (ν + N z)/c <= 1 + t``, at the cotangents c of the last slopes, swept as
+    `_realised` sweeps. Kinks with c_k = 0 keep their slope. ``(slopes, c)``, the cotangents at the slopes."""
+    s, K = start, start.numel()
+    c = _output_cotangents(problem, theta, masks, s)
+    for _ in range(len(masks) + 1):
+        live = c != 0
+        A = (family[live] / c[live, None]).numpy()
+        s0 = (nu[live] / c[live]).numpy()
+        n, k = A.shape[1], A.shape[0]
+        eye = sparse.identity(k, format="csr")
+        A_ub = sparse.vstack([sparse.hstack([A, -eye]), sparse.hstack([-A, -eye])], format="csr")
+        b_ub = np.concatenate([1.0 - s0, s0 - low[live].numpy()])
+        cost = np.concatenate([np.zeros(n), np.ones(k)])
+        found = linprog(cost, A_ub=A_ub, b_ub=b_ub, bounds=[(None, None)] * n + [(0, None)] * k, method="highs")
+        if found.status != 0:  # HiGHS failed: keep the min-norm slopes
+            break
+        new = s.clone()
+        new[live] = torch.from_numpy(s0 + A @ found.x[:n])
+        if torch.equal(new, s):
+            break
+        s = new
+        c = _output_cotangents(problem, theta, masks, s)
+    assert s.numel() == K
+    return s, c
 
 
 def _dense_box(SVh: torch.Tensor, Ug: torch.Tensor) -> BoxSolve:
@@ -649,15 +693,21 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
     """Newton steps on M = {a_K = 0} from θ until δ <= `SNAP_FLOOR` (or δ_LS, the residual of the KKT system the
     steps solve, stops falling): ``(the start, the end, the entries off K whose sign the last step changed (per call)
     or None)``; a step that changes signs off K is not taken. Steps are taken whatever the box says of the
-    multipliers: off M they are estimates, and the slopes are judged where the steps end (the release rule)."""
-    start, current, flips = _newton_steps(problem, theta, masks, leaks, tolerance)
-    if not current.m.feasible and current.slopes.numel():
-        delta, slopes = clarke_residual(problem, current.theta, masks, current.m)
-        current = replace(current, delta=delta, slopes=slopes)
-    if current.rule == STALLED:
-        rule = f"{STALLED} (Clarke residual {current.delta:.2g})" if current.delta > tolerance else ""
-        current = replace(current, rule=rule)
-    return start, current, flips
+    multipliers: off M they are estimates, and the slopes are judged where the steps end (the release rule; where
+    none is released, `_judged`)."""
+    return _newton_steps(problem, theta, masks, leaks, tolerance)
+
+
+def _judged(problem: _Problem, end: _Snap, tolerance: float) -> _Snap:
+    """The snap's end with its Clarke residual: where the multipliers leave the box, the bounded solve
+    (`clarke_residual`) replaces the upper bound the steps took at the clamped slopes; then the rule `STALLED` is
+    kept only where that δ is above `tolerance`."""
+    if not end.m.feasible and end.slopes.numel():
+        delta, slopes = clarke_residual(problem, end.theta, end.masks, end.m)
+        end = replace(end, delta=delta, slopes=slopes)
+    if end.rule == STALLED:
+        end = replace(end, rule=f"{STALLED} (Clarke residual {end.delta:.2g})" if end.delta > tolerance else "")
+    return end
 
 
 def _newton_steps(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
@@ -689,11 +739,20 @@ def _newton_steps(problem: _Problem, theta: torch.Tensor, masks, leaks, toleranc
 
 
 def _released(end: _Snap) -> list[torch.Tensor] | None:
-    """The release rule: the kink masks without the kinks whose slope sticks at (or beyond) a bound of [leak, 1]
-    while a residual is left (their entries want to leave the kink), or None when there is none to release."""
-    if not end.slopes.numel() or end.m.rank < end.slopes.numel():
+    """The release rule: the kink masks without the kinks whose multiplier needs a slope outside [leak, 1], or None
+    when there is none to release. On M the multipliers are the KKT system's (where J_0 is rank-deficient, the
+    least-squares ones whose slopes leave the box least, `_least_outside`), and a slope s_k outside the box says
+    that the loss falls as a_k leaves 0 to one side, to first order: with ``ν_k = s_k c_k``, the one-sided
+    derivatives along a move of a_k alone are ``c_k(1 − s_k)`` (a_k > 0) and ``c_k(s_k − leak)`` (a_k < 0), and
+    one of them is negative exactly when s_k leaves [leak, 1] (the test an active-set method makes of a negative
+    multiplier). Where J_0 is only known by products (rank unknown), a slope of the bounded solve at a bound stands
+    in for it."""
+    if not end.slopes.numel():
         return None
-    stuck = (end.slopes <= end.m.low + SLOPE_SLACK) | (end.slopes >= 1 - SLOPE_SLACK)
+    if end.m.rank >= 0:
+        stuck = _outside(end.m.slopes, end.m.low)
+    else:
+        stuck = (end.slopes <= end.m.low + SLOPE_SLACK) | (end.slopes >= 1 - SLOPE_SLACK)
     if not bool(stuck.any()):
         return None
     out, offset = [], 0
@@ -731,12 +790,15 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
         if flips is not None:
             if last:
                 flipped = sum(int(f.sum()) for f in flips)
+                end = _judged(problem, end, tolerance)
                 return start, replace(end, rule=f"{flipped} activation inputs off the kink set changed sign")
             candidates = [k | f for k, f in zip(candidates, flips)]
             continue
+        if end.m.rank < 0:  # J_0 known by products: the bounded solve searches the multipliers' family
+            end = _judged(problem, end, tolerance)
         released = None if end.m.feasible or end.delta <= tolerance or last else _released(end)
         if released is None:
-            return start, end
+            return start, end if end.m.rank < 0 else _judged(problem, end, tolerance)
         candidates = [k & ~(m & ~r) for k, m, r in zip(candidates, masks, released)]
     raise AssertionError("unreachable: the last revision returns")
 
