@@ -62,9 +62,11 @@ def test_error_bar_is_the_margins_sensitivity_times_the_residual():
     before = rank_claim(0.5)  # margin 0.75
     tier = certified_tier(rank_claim(1.0), at, before, 0.5 / 0.5)  # a ratio of 1: the bar is |Δmargin| = 0.5
     assert tier.certified_margin == 0.25 and tier.error_bar == 0.5
-    assert tier.certified_passed is False and "within its error bar" in tier.certified_reason
-    tier = certified_tier(rank_claim(1.0), at, before, 0.1)  # bar 0.05 < 0.25: passes
-    assert tier.certified_passed is True and tier.error_bar == pytest.approx(0.05)
+    assert tier.certified_passed is False and "within 10 error bars" in tier.certified_reason
+    tier = certified_tier(rank_claim(1.0), at, before, 0.1)  # bar 0.05: 0.25 is 5 bars, within 10 of them
+    assert tier.certified_passed is False and tier.error_bar == pytest.approx(0.05)
+    tier = certified_tier(rank_claim(1.0), at, before, 0.04)  # bar 0.02: 0.25 is 12.5 bars, it passes
+    assert tier.certified_passed is True and tier.error_bar == pytest.approx(0.02)
     assert tier.passed is True and tier.margin == 0.5  # the paper tier is left as it was
 
 

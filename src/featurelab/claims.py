@@ -35,7 +35,8 @@ class Claim:
         claim rests on (None where the run certifies nothing).
     certified_passed, certified_measured, certified_margin, certified_reason: tier "certified", the same claim
         measured on the certified nets (`featurelab.training.certify.certify`): it passes only when every
-        unit it rests on is certified and its margin exceeds `error_bar`; None ("not measured") with
+        unit it rests on is certified and its margin is at least `ERROR_BAR_ROOM` times `error_bar`; None
+        ("not measured") with
         `certified_reason` otherwise (the failed rule of an uncertified unit, an unhealthy unit, an undefined
         quantity). Empty where the run certifies nothing; identity claims have only the first tier.
     error_bar: the certified margin's uncertainty ``|margin(certified) − margin(previous)|·δ/(δ_prev − δ)``:
@@ -144,7 +145,8 @@ def tally(claims: list[dict]) -> dict:
 TIERS = {
     "paper": "as the paper did: measured on the trained nets (the run's seeds and dtype), stationarity beside it",
     "certified": "certified: measured on the certified critical points; passes only when every unit it rests on "
-    "is certified and its margin exceeds its error bar (the margin's sensitivity to the Clarke residual δ, times δ)",
+    "is certified and its margin is at least 10 times its error bar (the margin's sensitivity to the Clarke "
+    "residual δ, times δ)",
 }
 
 
@@ -169,12 +171,17 @@ def error_bar(certified: float, previous: float, ratio: float) -> float:
     return abs(certified - previous) * ratio
 
 
+ERROR_BAR_ROOM = 10.0  # a certified margin passes when it is at least this many error bars: κ·δ <= margin/10
+
+
 def certified_tier(paper: Claim, certified: Claim | None, previous: Claim | None, ratio: float | None) -> Claim:
     """`paper` with tier "certified" filled in from the same claim measured on the certified nets (`certified`)
     and on the earlier point of their path (`previous`); `ratio` is the largest ``δ/(δ_prev − δ)`` of the
     units it rests on (None: no error bar can be measured, δ_prev <= δ). Passes when `certified` passes and its
-    margin exceeds its `error_bar` (a claim without a margin: when `certified` passes). Identity claims are
-    returned as they are (one tier)."""
+    margin is at least `ERROR_BAR_ROOM` times its `error_bar` (a claim without a margin: when `certified`
+    passes): the residual's tolerance for the claim is ``δ <= margin/(10κ)``, set by the claim's own measured
+    sensitivity κ and its distance to its threshold rather than by one constant. Identity claims are returned as
+    they are (one tier)."""
     if paper.kind == "identity":
         return paper
     if certified is None:
@@ -188,8 +195,8 @@ def certified_tier(paper: Claim, certified: Claim | None, previous: Claim | None
         return replace(tier, certified_reason="no error bar: the path's earlier point gives no margin to compare")
     bar = error_bar(certified.margin, previous.margin, ratio)
     tier = replace(tier, error_bar=bar)
-    if certified.passed and certified.margin <= bar:
-        why = f"margin {fmt_margin(certified.margin)} within its error bar {fmt_margin(bar)}"
+    if certified.passed and certified.margin < ERROR_BAR_ROOM * bar:
+        why = f"margin {fmt_margin(certified.margin)} within {ERROR_BAR_ROOM:g} error bars ({fmt_margin(bar)} each)"
         return replace(tier, certified_passed=False, certified_reason=why)
     return replace(tier, certified_passed=certified.passed)
 
