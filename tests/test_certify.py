@@ -18,6 +18,7 @@ from featurelab.training import Phase, TrainConfig, train
 from featurelab.training.certify import (
     _kinks_ahead,
     _newton_on,
+    _release_start,
     _released,
     _snap,
     _whole,
@@ -183,6 +184,18 @@ def test_the_release_rule_frees_the_kinks_whose_multipliers_need_a_slope_outside
     kept = torch.cat([k[m] for k, m in zip(released, masks)])  # over the old K: which kinks stay
     assert bool(outside.any()) and bool((~outside).any()) and torch.equal(kept, ~outside)
     assert all(bool((k <= m).all()) for k, m in zip(released, masks))  # nothing added
+    # the new start moves each released input towards the side where the loss falls, by t, and no other (to first
+    # order): s > 1 with c > 0 wants a > 0 (c(1 − s) < 0), s < 0 with c > 0 wants a < 0 (c·s < 0)
+    s, c = end.m.slopes, end.m.cotangents
+    side = torch.where(s > 1, torch.sign(c), -torch.sign(c))
+    inputs = activation_inputs(problem, end.theta)[0]
+    off = min(float(z[~m].abs().min()) for z, m in zip(inputs, masks))
+    before = torch.cat([z[m] for z, m in zip(inputs, masks)])
+    after = torch.cat([z[m] for z, m in zip(activation_inputs(problem, _release_start(problem, end))[0], masks)])
+    t = 1e-2 * off
+    expected = torch.where(outside, t * side, torch.zeros_like(s))
+    assert bool((c[outside] != 0).all()) and bool((side[outside] != 0).all())
+    assert float((after - before - expected).abs().max()) <= 1e-2 * t
 
 
 def test_a_kink_set_too_large_for_the_dense_solve_is_refused(monkeypatch):

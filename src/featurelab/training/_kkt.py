@@ -183,11 +183,15 @@ class Projector:
             return v
         return v - self.lin.Jt(self._solve(self.op, v) / self.scale)
 
-    def restoration(self) -> torch.Tensor:
-        """``−J_0⁺a_K`` (P,): the min-norm step that brings the linearised a_K to 0."""
+    def preimage(self, b: torch.Tensor) -> torch.Tensor:
+        """``J_0⁺b`` (P,): the min-norm step that moves the linearised a_K by b (K,)."""
         if not self.lin.K:
             return self.lin.g0.new_zeros(self.lin.P)
-        return -self._solve(self.op.adjoint(), self.lin.a_K / self.scale)
+        return self._solve(self.op.adjoint(), b / self.scale)
+
+    def restoration(self) -> torch.Tensor:
+        """``−J_0⁺a_K`` (P,): the min-norm step that brings the linearised a_K to 0."""
+        return -self.preimage(self.lin.a_K)
 
     def solve_multipliers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ν, r)``: ``ν = argmin ‖g_0 + J_0ᵀν‖`` (K,) and ``r = g_0 + J_0ᵀν`` (P,)."""

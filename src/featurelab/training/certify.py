@@ -67,6 +67,7 @@ SNAP_FLOOR = 1e-14  # the snap stops at this Clarke residual (rounding), or when
 SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on,
 SNAP_GAP = 5.0  # where the kink set stands out by this gap (and after the last stage in any case)
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
+RELEASE_STEP = 1e-2  # a released input leaves 0 by this share of the smallest |a| off K (`_release_start`)
 MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely up to 1 GiB; larger ones are products (`_kkt`)
 MAX_KINKS = 2**20  # kink sets larger than this are refused: each snap step's LSQR solves grow with K
 ESCAPE_SLACK = 1e-3  # a held neuron escapes when its ratio exceeds 1 + this (live neurons sit at exactly 1)
@@ -384,11 +385,15 @@ class _Multipliers:
         """v's component in null(J_0) (P,)."""
         return self.free.project(v) if self.free is not None else _project(self.U, v)
 
-    def restoration(self) -> torch.Tensor:
-        """``−J_0⁺a_K`` (P,) (``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` at full rank; ``−U S⁻¹Vᵀa_K``)."""
+    def preimage(self, b: torch.Tensor) -> torch.Tensor:
+        """``J_0⁺b`` (P,): the min-norm step that moves the linearised a_K by b (K,) (``U S⁻¹Vᵀb``)."""
         if self.free is not None:
-            return self.free.restoration()
-        return -self.U @ ((self.Vh @ self.a_K) / self.S)
+            return self.free.preimage(b)
+        return self.U @ ((self.Vh @ b) / self.S)
+
+    def restoration(self) -> torch.Tensor:
+        """``−J_0⁺a_K`` (P,) (``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` at full rank): the step that brings the linearised a_K to 0."""
+        return -self.preimage(self.a_K)
 
     @property
     def null_dimension(self) -> int:
@@ -738,21 +743,25 @@ def _newton_steps(problem: _Problem, theta: torch.Tensor, masks, leaks, toleranc
     return start, current, None
 
 
+def _stuck(end: _Snap) -> torch.Tensor:
+    """The release rule's kinks (K,) bool: those whose multiplier needs a slope outside [leak, 1]. On M the
+    multipliers are the KKT system's (where J_0 is rank-deficient, the least-squares ones whose slopes leave the box
+    least, `_least_outside`), and a slope s_k outside the box says that the loss falls as a_k leaves 0 to one side,
+    to first order: with ``ν_k = s_k c_k``, the one-sided derivatives along a move of a_k alone are ``c_k(1 − s_k)``
+    (a_k > 0) and ``c_k(s_k − leak)`` (a_k < 0); for c_k > 0 one of them is negative exactly when s_k leaves
+    [leak, 1] (the test an active-set method makes of a multiplier of the wrong sign), and where s_k leaves it one
+    of them is negative whatever the sign of c_k. Where J_0 is only known by products (rank unknown), a slope of the
+    bounded solve at a bound stands in for it."""
+    if end.m.rank >= 0:
+        return _outside(end.m.slopes, end.m.low)
+    return (end.slopes <= end.m.low + SLOPE_SLACK) | (end.slopes >= 1 - SLOPE_SLACK)
+
+
 def _released(end: _Snap) -> list[torch.Tensor] | None:
-    """The release rule: the kink masks without the kinks whose multiplier needs a slope outside [leak, 1], or None
-    when there is none to release. On M the multipliers are the KKT system's (where J_0 is rank-deficient, the
-    least-squares ones whose slopes leave the box least, `_least_outside`), and a slope s_k outside the box says
-    that the loss falls as a_k leaves 0 to one side, to first order: with ``ν_k = s_k c_k``, the one-sided
-    derivatives along a move of a_k alone are ``c_k(1 − s_k)`` (a_k > 0) and ``c_k(s_k − leak)`` (a_k < 0), and
-    one of them is negative exactly when s_k leaves [leak, 1] (the test an active-set method makes of a negative
-    multiplier). Where J_0 is only known by products (rank unknown), a slope of the bounded solve at a bound stands
-    in for it."""
+    """The release rule: the kink masks without the kinks `_stuck` marks, or None when there is none to release."""
     if not end.slopes.numel():
         return None
-    if end.m.rank >= 0:
-        stuck = _outside(end.m.slopes, end.m.low)
-    else:
-        stuck = (end.slopes <= end.m.low + SLOPE_SLACK) | (end.slopes >= 1 - SLOPE_SLACK)
+    stuck = _stuck(end)
     if not bool(stuck.any()):
         return None
     out, offset = [], 0
@@ -765,6 +774,24 @@ def _released(end: _Snap) -> list[torch.Tensor] | None:
     return out
 
 
+def _release_start(problem: _Problem, end: _Snap) -> torch.Tensor:
+    """Where the snap goes on after the release rule: from its end (a KKT point on M), the min-norm step
+    ``J_0⁺b`` that keeps the other kinks at 0 (to first order) and moves each released input a_k by
+    ``b_k = ±t`` to the side on which the loss falls (`_stuck`): a_k > 0 where s_k > 1 and c_k > 0 or s_k < leak
+    and c_k < 0, a_k < 0 otherwise; ``t = RELEASE_STEP`` times the smallest |a| off K. The next Newton steps then
+    start with those inputs on their side, with its slope (a new start from the continuation's point instead
+    moves them back and forth across 0: on the demo net its first step changed the signs of 499 inputs)."""
+    stuck = _stuck(end)
+    s, c = end.m.slopes, end.m.cotangents
+    side = torch.where(s > 1, torch.sign(c), -torch.sign(c))
+    inputs, _ = activation_inputs(problem, end.theta)
+    outside = problem.excluded() if isinstance(problem, _Reduced) else [torch.zeros_like(k) for k in end.masks]
+    off = [z[~k & ~o].abs() for z, k, o in zip(inputs, end.masks, outside)]
+    t = RELEASE_STEP * min((float(a.min()) for a in off if a.numel()), default=1.0)
+    b = torch.where(stuck, t * side, torch.zeros_like(s))
+    return end.theta + end.m.preimage(b)
+
+
 def _refused_point(problem: _Problem, theta: torch.Tensor, inputs, leaks, rule: str) -> _Snap:
     """θ examined as a point without kinks, with the `rule` that refused its kink set."""
     empty = [torch.zeros(z.shape, dtype=torch.bool) for z in inputs]
@@ -774,9 +801,9 @@ def _refused_point(problem: _Problem, theta: torch.Tensor, inputs, leaks, rule: 
 
 def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float) -> tuple[_Snap, _Snap]:
     """Identify K = {|a| <= 30/β} at the continuation's end, then Newton steps on M until δ <= tolerance/100 (or it
-    stops falling), with the add rule (entries off K whose sign a step changed join K) and the release rule
-    (`_released`), each followed by a new start from θ, at most `SNAP_REVISIONS` times: ``(the start of the last
-    snap, its end)``."""
+    stops falling), with the add rule (entries off K whose sign a step changed join K; a new start from the same
+    point) and the release rule (`_released`; a new start from `_release_start`), at most `SNAP_REVISIONS` times:
+    ``(the start of the last snap, its end)``."""
     inputs, leaks = activation_inputs(problem, theta)
     candidates, _ = identify(inputs, KINK_WIDTH / beta, problem.dead)
     for revision in range(SNAP_REVISIONS + 1):
@@ -800,6 +827,7 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
         if released is None:
             return start, end if end.m.rank < 0 else _judged(problem, end, tolerance)
         candidates = [k & ~(m & ~r) for k, m, r in zip(candidates, masks, released)]
+        theta = _release_start(problem, end)
     raise AssertionError("unreachable: the last revision returns")
 
 
