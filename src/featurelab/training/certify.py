@@ -803,7 +803,9 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
     """Identify K = {|a| <= 30/β} at the continuation's end, then Newton steps on M until δ <= tolerance/100 (or it
     stops falling), with the add rule (entries off K whose sign a step changed join K; a new start from the same
     point) and the release rule (`_released`; a new start from `_release_start`), at most `SNAP_REVISIONS` times:
-    ``(the start of the last snap, its end)``."""
+    ``(the start of the last snap, its end)``. Where a step would change signs off K but the last point the steps
+    accepted is within the tolerance at slopes in the box, the snap ends there: a revision of K could only lose
+    it."""
     inputs, leaks = activation_inputs(problem, theta)
     candidates, _ = identify(inputs, KINK_WIDTH / beta, problem.dead)
     for revision in range(SNAP_REVISIONS + 1):
@@ -814,6 +816,8 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
             return point, point
         start, end, flips = _newton_on(problem, theta, masks, leaks, tolerance)
         last = revision == SNAP_REVISIONS
+        if flips is not None and end.m.feasible and end.delta <= tolerance:
+            return start, end  # the last point the steps accepted is within the tolerance already
         if flips is not None:
             if last:
                 flipped = sum(int(f.sum()) for f in flips)
