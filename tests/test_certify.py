@@ -125,6 +125,24 @@ def test_the_add_rule_puts_an_entry_the_snap_drives_to_its_kink_into_k():
     assert abs(float(end.theta[1])) <= 1e-14 and abs(float(end.theta[0]) - t) <= 1e-12
 
 
+def test_a_snap_within_the_tolerance_ends_there_when_a_step_would_cross(monkeypatch):
+    """The small MLP's certified point moved by 1e-11 (δ far below 1e-8, slopes in the box): a Newton step that would
+    move inputs off K across 0 (θ ↦ −θ, put in by hand) is not taken, and no revision of K follows (the add rule
+    would take those inputs in and start again from there): the snap ends at its start."""
+    import featurelab.training.certify as method
+
+    net, data = small_mlp()
+    kinks = certify(net, data, "mse", 0.02).certificate.kinks
+    whole = _Problem(net, data, "mse", 0.02)
+    problem = _whole(whole, whole.theta)
+    gen = torch.Generator().manual_seed(0)
+    theta = problem.theta + 1e-11 * torch.randn(problem.theta.shape, generator=gen, dtype=F64)
+    monkeypatch.setattr(method, "snap_step", lambda problem, th, masks, m: (-th, False))
+    _, end = _snap(problem, theta, 1e7, 1e-8)
+    assert torch.equal(end.theta, theta) and end.m.feasible and 1e-14 < end.delta <= 1e-8 and not end.rule
+    assert end.slopes.numel() == kinks > 0 and end.iterations == 0
+
+
 def test_a_point_that_is_not_critical_is_refused():
     data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
     net = MLP(4, 4, 8, 3, seed=1)
