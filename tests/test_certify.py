@@ -126,9 +126,10 @@ def test_the_add_rule_puts_an_entry_the_snap_drives_to_its_kink_into_k():
 
 
 def test_a_snap_within_the_tolerance_ends_there_when_a_step_would_cross(monkeypatch):
-    """The small MLP's certified point moved by 1e-11 (δ far below 1e-8, slopes in the box): a Newton step that would
-    move inputs off K across 0 (θ ↦ −θ, put in by hand) is not taken, and no revision of K follows (the add rule
-    would take those inputs in and start again from there): the snap ends at its start."""
+    """The small MLP's certified point moved by 1e-11 (δ far below 1e-8, slopes in the box, the inputs on K within
+    1e-10 of their call's largest): a Newton step that would move inputs off K across 0 (θ ↦ −θ, put in by hand) is
+    not taken, and no revision of K follows (the add rule would take those inputs in and start again from there):
+    the snap ends at its start."""
     import featurelab.training.certify as method
 
     net, data = small_mlp()
@@ -141,6 +142,16 @@ def test_a_snap_within_the_tolerance_ends_there_when_a_step_would_cross(monkeypa
     _, end = _snap(problem, theta, 1e7, 1e-8)
     assert torch.equal(end.theta, theta) and end.m.feasible and 1e-14 < end.delta <= 1e-8 and not end.rule
     assert end.slopes.numel() == kinks > 0 and end.iterations == 0
+    # moved by 1e-8 its inputs on K are off the kink (about 1e-8, above 1e-10 of the largest): within a tolerance of
+    # 1e-5 all the same (δ about 1e-6), the point is no Clarke critical point of the loss, and the snap goes on to
+    # the add rule, whose revisions meet the same crossing step until the last refuses the point
+    far = problem.theta + 1e-8 * torch.randn(problem.theta.shape, generator=gen, dtype=F64)
+    inputs, leaks = activation_inputs(problem, far)
+    masks, _ = identify(inputs, 30 / 1e7, problem.dead)
+    m = multipliers(problem, far, masks, leaks)
+    assert m.slopes.numel() == kinks and m.feasible and clarke_residual(problem, far, masks, m)[0] <= 1e-5
+    _, end = _snap(problem, far, 1e7, 1e-5)
+    assert "changed sign" in end.rule
 
 
 def test_a_point_that_is_not_critical_is_refused():

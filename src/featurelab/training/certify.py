@@ -799,13 +799,22 @@ def _refused_point(problem: _Problem, theta: torch.Tensor, inputs, leaks, rule: 
     return _Snap(theta, empty, leaks, m, m.delta, m.slopes, rule, 0)
 
 
+def _at_kinks(problem: _Problem, end: _Snap) -> bool:
+    """Whether every input on K sits at its kink as the certificate reads one (`Certified.slopes_mode`):
+    ``|a_k| <= 1e-10·max|a|`` of its call. Off M (a snap's start) δ at the slopes of K says nothing of the loss."""
+    inputs, _ = activation_inputs(problem, end.theta)
+    return all(
+        not bool(k.any()) or float(z[k].abs().max()) <= 1e-10 * float(z.abs().max()) for z, k in zip(inputs, end.masks)
+    )
+
+
 def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float) -> tuple[_Snap, _Snap]:
     """Identify K = {|a| <= 30/β} at the continuation's end, then Newton steps on M until δ <= tolerance/100 (or it
     stops falling), with the add rule (entries off K whose sign a step changed join K; a new start from the same
     point) and the release rule (`_released`; a new start from `_release_start`), at most `SNAP_REVISIONS` times:
     ``(the start of the last snap, its end)``. Where a step would change signs off K but the last point the steps
-    accepted is within the tolerance at slopes in the box, the snap ends there: a revision of K could only lose
-    it."""
+    accepted is within the tolerance at slopes in the box, with its inputs on K at the kink (`_at_kinks`), the snap
+    ends there: a revision of K could only lose it."""
     inputs, leaks = activation_inputs(problem, theta)
     candidates, _ = identify(inputs, KINK_WIDTH / beta, problem.dead)
     for revision in range(SNAP_REVISIONS + 1):
@@ -816,7 +825,7 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
             return point, point
         start, end, flips = _newton_on(problem, theta, masks, leaks, tolerance)
         last = revision == SNAP_REVISIONS
-        if flips is not None and end.m.feasible and end.delta <= tolerance:
+        if flips is not None and end.m.feasible and end.delta <= tolerance and _at_kinks(problem, end):
             return start, end  # the last point the steps accepted is within the tolerance already
         if flips is not None:
             if last:
