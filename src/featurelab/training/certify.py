@@ -814,16 +814,24 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
     point) and the release rule (`_released`; a new start from `_release_start`), at most `SNAP_REVISIONS` times:
     ``(the start of the last snap, its end)``. Where a step would change signs off K but the last point the steps
     accepted is within the tolerance at slopes in the box, with its inputs on K at the kink (`_at_kinks`), the snap
-    ends there: a revision of K could only lose it."""
+    ends there: a revision of K could only lose it. A revision that returns to a kink set tried before (the two
+    rules undoing each other) ends the snap at the tried end with the least δ, refused with that rule."""
     inputs, leaks = activation_inputs(problem, theta)
     candidates, _ = identify(inputs, KINK_WIDTH / beta, problem.dead)
+    tried: list[tuple[list[torch.Tensor], _Snap, _Snap]] = []
     for revision in range(SNAP_REVISIONS + 1):
         masks = _kink_set(problem, theta, candidates)
         refused = _too_large(masks, theta)
         if refused:
             point = _refused_point(problem, theta, inputs, leaks, refused)
             return point, point
+        if any(all(torch.equal(a, b) for a, b in zip(masks, seen)) for seen, _, _ in tried):
+            start, end = min(((s, e) for _, s, e in tried), key=lambda pair: pair[1].delta)
+            end = _judged(problem, end, tolerance)
+            K = sum(int(k.sum()) for k in masks)
+            return start, replace(end, rule=f"the add and release rules cycle (a kink set of {K} entries met again)")
         start, end, flips = _newton_on(problem, theta, masks, leaks, tolerance)
+        tried.append((masks, start, end))
         last = revision == SNAP_REVISIONS
         if flips is not None and end.m.feasible and end.delta <= tolerance and _at_kinks(problem, end):
             return start, end  # the last point the steps accepted is within the tolerance already
