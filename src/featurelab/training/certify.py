@@ -510,7 +510,7 @@ def _least_outside(problem, theta, masks, nu: torch.Tensor, family: torch.Tensor
     distances to the box is a linear program in z and one slack t_k >= 0 per kink (scipy's HiGHS),
     ``min Σt  s.t.  low − t <= (ν + N z)/c <= 1 + t``, at the cotangents c of the last slopes, swept as
     `_realised` sweeps. Kinks with c_k = 0 keep their slope. ``(slopes, c)``, the cotangents at the slopes."""
-    s, K = start, start.numel()
+    s = start
     c = _output_cotangents(problem, theta, masks, s)
     for _ in range(len(masks) + 1):
         live = c != 0
@@ -530,7 +530,6 @@ def _least_outside(problem, theta, masks, nu: torch.Tensor, family: torch.Tensor
             break
         s = new
         c = _output_cotangents(problem, theta, masks, s)
-    assert s.numel() == K
     return s, c
 
 
@@ -694,15 +693,6 @@ class _Snap:
     iterations: int
 
 
-def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
-    """Newton steps on M = {a_K = 0} from θ until δ <= `SNAP_FLOOR` (or δ_LS, the residual of the KKT system the
-    steps solve, stops falling): ``(the start, the end, the entries off K whose sign the last step changed (per call)
-    or None)``; a step that changes signs off K is not taken. Steps are taken whatever the box says of the
-    multipliers: off M they are estimates, and the slopes are judged where the steps end (the release rule; where
-    none is released, `_judged`)."""
-    return _newton_steps(problem, theta, masks, leaks, tolerance)
-
-
 def _judged(problem: _Problem, end: _Snap, tolerance: float) -> _Snap:
     """The snap's end with its Clarke residual: where the multipliers leave the box, the bounded solve
     (`clarke_residual`) replaces the upper bound the steps took at the clamped slopes; then the rule `STALLED` is
@@ -715,9 +705,12 @@ def _judged(problem: _Problem, end: _Snap, tolerance: float) -> _Snap:
     return end
 
 
-def _newton_steps(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
-    """`_newton_on`'s steps, with δ's upper bound at the clamped slopes where the multipliers leave the box, and the
-    rule `STALLED` where δ_LS stops falling (`_newton_on` judges it at the end point's δ)."""
+def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
+    """Newton steps on M = {a_K = 0} from θ until δ <= `SNAP_FLOOR` (or δ_LS, the residual of the KKT system the
+    steps solve, stops falling: the rule `STALLED`): ``(the start, the end, the entries off K whose sign the last
+    step changed (per call) or None)``; a step that changes signs off K is not taken. Steps are taken whatever the
+    box says of the multipliers: off M they are estimates, δ is bounded above at the clamped slopes, and the slopes
+    are judged where the steps end (the release rule; where none is released, `_judged`)."""
     inputs, _ = activation_inputs(problem, theta)
     signs = [z > 0 for z in inputs]
     outside = problem.excluded() if isinstance(problem, _Reduced) else [torch.zeros_like(s) for s in signs]
