@@ -67,6 +67,7 @@ SNAP_FLOOR = 1e-14  # the snap stops at this Clarke residual (rounding), or when
 SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on,
 SNAP_GAP = 5.0  # where the kink set stands out by this gap (and after the last stage in any case)
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
+AT_KINK = 1e-10  # an input on K is at its kink when |a| <= this share of its call's largest |a|
 RELEASE_STEP = 1e-2  # a released input leaves 0 by this share of the smallest |a| off K (`_release_start`)
 MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely up to 1 GiB; larger ones are products (`_kkt`)
 MAX_KINKS = 2**20  # kink sets larger than this are refused: each snap step's LSQR solves grow with K
@@ -155,7 +156,7 @@ class _AtKinks(Pieces):
         kink, slope = self.masks[i], torch.where(z.detach() > 0, 1.0, leak).to(z.dtype)
         if kink.shape != z.shape or not bool(kink.any()):
             return z * slope
-        here = kink & (z.detach().abs() <= 1e-10 * float(z.detach().abs().max()))
+        here = kink & (z.detach().abs() <= AT_KINK * float(z.detach().abs().max()))
         s = torch.zeros_like(z).masked_scatter(kink, self._at(i).to(z.dtype))
         return z * torch.where(here, s, slope)
 
@@ -705,6 +706,14 @@ def _judged(problem: _Problem, end: _Snap, tolerance: float) -> _Snap:
     return end
 
 
+def _excluded(problem: _Problem, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The entries no kink rule looks at (held neurons' and inert ones: `_Reduced.excluded`), none on a plain
+    problem; one bool mask per call, shaped as `like`."""
+    if isinstance(problem, _Reduced):
+        return problem.excluded()
+    return [torch.zeros_like(m, dtype=torch.bool) for m in like]
+
+
 def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
     """Newton steps on M = {a_K = 0} from θ until δ <= `SNAP_FLOOR` (or δ_LS, the residual of the KKT system the
     steps solve, stops falling: the rule `STALLED`): ``(the start, the end, the entries off K whose sign the last
@@ -713,7 +722,7 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
     are judged where the steps end (the release rule; where none is released, `_judged`)."""
     inputs, _ = activation_inputs(problem, theta)
     signs = [z > 0 for z in inputs]
-    outside = problem.excluded() if isinstance(problem, _Reduced) else [torch.zeros_like(s) for s in signs]
+    outside = _excluded(problem, signs)
     m = multipliers(problem, theta, masks, leaks)
     delta, slopes = clarke_residual(problem, theta, masks, m, bounded=False)
     start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
@@ -778,7 +787,7 @@ def _release_start(problem: _Problem, end: _Snap) -> torch.Tensor:
     s, c = end.m.slopes, end.m.cotangents
     side = torch.where(s > 1, torch.sign(c), -torch.sign(c))
     inputs, _ = activation_inputs(problem, end.theta)
-    outside = problem.excluded() if isinstance(problem, _Reduced) else [torch.zeros_like(k) for k in end.masks]
+    outside = _excluded(problem, end.masks)
     off = [z[~k & ~o].abs() for z, k, o in zip(inputs, end.masks, outside)]
     t = RELEASE_STEP * min((float(a.min()) for a in off if a.numel()), default=1.0)
     b = torch.where(stuck, t * side, torch.zeros_like(s))
@@ -796,9 +805,8 @@ def _at_kinks(problem: _Problem, end: _Snap) -> bool:
     """Whether every input on K sits at its kink as the certificate reads one (`Certified.slopes_mode`):
     ``|a_k| <= 1e-10·max|a|`` of its call. Off M (a snap's start) δ at the slopes of K says nothing of the loss."""
     inputs, _ = activation_inputs(problem, end.theta)
-    return all(
-        not bool(k.any()) or float(z[k].abs().max()) <= 1e-10 * float(z.abs().max()) for z, k in zip(inputs, end.masks)
-    )
+    top = [AT_KINK * float(z.abs().max()) for z in inputs]
+    return all(not bool(k.any()) or float(z[k].abs().max()) <= t for z, k, t in zip(inputs, end.masks, top))
 
 
 def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float) -> tuple[_Snap, _Snap]:
