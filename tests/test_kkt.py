@@ -135,7 +135,10 @@ def test_certify_reaches_the_same_point_with_dense_and_matrix_free_solves(monkey
     b = certify(free, data, "mse", 0.02)
     c, d = a.certificate, b.certificate
     assert c.certified and d.certified and c.kinks == d.kinks > 0, (c, d)
-    assert d.clarke <= 1e-12 and d.jacobian_rank == d.kinks and d.kind == c.kind
+    assert d.clarke <= 1e-12 and d.jacobian_rank == d.kinks
+    # the kind rests on the smallest reduced eigenvalue, a zero mode here (below): neither path may call it a saddle,
+    # and which of "minimum" and "undecided" each reads depends on rounding at the 1e-10 threshold
+    assert {c.kind, d.kind} <= {"minimum", "undecided"}
     assert all(torch.allclose(p, q, rtol=0, atol=1e-10) for p, q in zip(dense.parameters(), free.parameters()))
     assert torch.allclose(a.slopes, b.slopes, rtol=0, atol=1e-10)
     assert min(c.gap, d.gap) >= 1e10  # max |a| on K is at rounding level in both, so the gaps agree only roughly
