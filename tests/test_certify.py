@@ -174,6 +174,61 @@ def test_a_saddle_is_refused():
     assert c.min_reduced_eigenvalue is not None and c.min_reduced_eigenvalue < 0
 
 
+def test_certify_leaves_a_saddle_for_the_global_minimum_of_a_linear_net():
+    """θ = 0 of the two-layer linear net of `test_a_saddle_is_refused`: the gradient vanishes for every smoothing, so
+    the continuation stays and the first point reached is that saddle (refused with ``escapes=0``). Escaping along
+    the reduced Hessian's negative eigenvector, `certify` reaches a minimum. Every local minimum of
+    ``C(W_2W_1) + λ(‖W_1‖² + ‖W_2‖²)`` at width >= rank is global and equals ``min_A C(A) + 2λ‖A‖_*`` (the nuclear
+    norm's variational form), a convex problem solved here apart from featurelab by proximal gradient."""
+    lam = 1e-3
+    data = bottleneck_teacher((3, 3, 3), hidden=8, n_train=32, n_test=8)
+
+    def at_zero() -> MLP:
+        net = MLP(3, 3, 3, 2, leak=1.0, seed=0)
+        with torch.no_grad():
+            for W in net.weights:
+                W.zero_()
+        return net
+
+    stayed = certify(at_zero(), data, "mse", lam, escapes=0).certificate
+    assert stayed.kind == "saddle" and not stayed.certified and stayed.detail["escaped_saddles"] == [], stayed
+    c = certify(at_zero(), data, "mse", lam).certificate
+    X, Y = data.X_train.double().numpy(), data.Y_train.double().numpy()
+    N = len(X)
+    assert c.detail["escaped_saddles"] == [pytest.approx(float((Y**2).sum()) / N, rel=1e-14)], c.detail
+    A, step = np.zeros((3, 3)), 0.5 / np.linalg.norm(2 * X.T @ X / N, 2)
+    for _ in range(100_000):
+        U, S, Vt = np.linalg.svd(A - step * 2 * (X @ A.T - Y).T @ X / N)
+        A, previous = U @ np.diag(np.maximum(S - 2 * lam * step, 0)) @ Vt, A
+        if np.abs(A - previous).max() <= 1e-16:
+            break
+    optimum = ((X @ A.T - Y) ** 2).sum() / N + 2 * lam * np.linalg.svd(A, compute_uv=False).sum()
+    assert c.certified and c.clarke <= 1e-8 and c.kind != "saddle", c
+    assert c.loss_after == pytest.approx(optimum, rel=1e-12)
+
+
+def test_certify_leaves_a_kinked_saddle_for_the_minimiser_in_closed_form():
+    """The saddle of `test_a_kink_the_loss_wants_to_leave_makes_a_saddle` (x₂'s unit off where the loss wants it on):
+    from there `certify` ends at the net's minimiser (the continuation leaves it alone: a smoothed unit is never
+    off). f = v·relu(w·x) on x₁, x₂ outputs u = v·w (w >= 0), and at
+    balance λ(v² + ‖w‖²) = 2λ‖u‖, so the minimum is that of ½‖u − y‖² + 2λ‖u‖: u = y(1 − 2λ/‖y‖), loss
+    2λ‖y‖ − 2λ², with both units on (no kink left); the saddle's loss is ½((t² − 1)² + ¼) + 2λt², t² = 1 − 2λ."""
+    lam = 0.05
+    X = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    Y = torch.tensor([[1.0], [0.5]])
+    t = math.sqrt(1 - 2 * lam)
+    net = MLP(2, 1, 1, 2, seed=3, dtype=F64)
+    with torch.no_grad():
+        net.weights[0].copy_(torch.tensor([[t, 0.0]], dtype=F64))
+        net.weights[1].copy_(torch.tensor([[t]], dtype=F64))
+    c = certify(net, Dataset(X, Y, X[:0], Y[:0]), "mse", lam).certificate
+    assert c.certified and c.kinks == 0 and c.clarke <= 1e-12 and c.kind == "minimum", c
+    assert c.loss_after == pytest.approx(2 * lam * math.sqrt(1.25) - 2 * lam**2, rel=1e-13)
+    assert c.loss_before == pytest.approx(0.5 * ((t * t - 1) ** 2 + 0.25) + 2 * lam * t * t, rel=1e-14)
+    u = net(X.to(F64)).detach().squeeze(1)
+    assert torch.allclose(u, Y.to(F64).squeeze(1) * (1 - 2 * lam / math.sqrt(1.25)), rtol=0, atol=1e-12)
+
+
 def small_mlp():
     data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
     return trained(MLP(4, 4, 6, 2, seed=0, dtype=F64), data, 0.02, steps=800, lr=1e-2), data
@@ -297,7 +352,7 @@ def test_dead_neurons_are_held_at_zero_and_the_rest_is_the_net_without_them():
     same saddle; where only a held neuron can escape, the net without them is certified."""
     data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
     net = trained(MLP(4, 4, 12, 2, bias=1.0, seed=0, dtype=F64), data, 0.02, steps=800, lr=1e-2)
-    c = certify(net, data, "mse", 0.02).certificate
+    c = certify(net, data, "mse", 0.02, escapes=0).certificate
     assert c.detail["held_neurons"] >= 1 and c.clarke <= 1e-12 and c.kind == "saddle", c
     curved = c.min_reduced_eigenvalue < 0  # a saddle already in the live coordinates
     assert curved or ("a held neuron can escape" in c.rule and c.detail["held_escape"] > 1), c

@@ -25,7 +25,9 @@ conjugate gradients on Hessian-vector products of ``𝓛_{s*}``), which converge
 J_0's SVD where J_0 fits in `MAX_JACOBIAN_BYTES`, and LSQR on products of J_0 otherwise (`_kkt`). The certificate
 then reports δ, the kink set's identification gap (the smallest ``|a_j|`` off K over the largest on K), J_0's
 rank, the slopes at a bound, and the reduced Hessian's smallest eigenvalue (Lanczos on null(J_0)): a strict
-minimum, a saddle, or undecided. Every step is deterministic: the same input gives the same bits.
+minimum, a saddle, or undecided. A saddle is left along a direction of descent the certificate names, and the
+method starts again from below it (at most `ESCAPES` times). Every step is deterministic: the same input gives
+the same bits.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 
-from ..checks import positive
+from ..checks import non_negative, positive
 from ..data.dataset import Dataset
 from ..runtime import float64_copy
 from ._kkt import Linearised, Projector, dense_bytes
@@ -71,6 +73,8 @@ AT_KINK = 1e-10  # an input on K is at its kink when |a| <= this share of its ca
 RELEASE_STEP = 1e-2  # a released input leaves 0 by this share of the smallest |a| off K (`_release_start`)
 MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely up to 1 GiB; larger ones are products (`_kkt`)
 MAX_KINKS = 2**20  # kink sets larger than this are refused: each snap step's LSQR solves grow with K
+ESCAPES = 8  # saddles `certify` leaves along a direction of descent before a saddle's verdict stands
+ESCAPE_REACH, ESCAPE_HALVINGS = 0.1, 40  # the escape's steps: 0.1·‖θ‖·2^−j, j = 0 … 40 (`_escaped`)
 ESCAPE_SLACK = 1e-3  # a held neuron escapes when its ratio exceeds 1 + this (live neurons sit at exactly 1)
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
 METHOD = "softplus continuation (Newton-CG, L-BFGS) + active-set Newton snap, float64"
@@ -649,9 +653,10 @@ def snap_step(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[torch.T
     return theta + d_r + v, negative
 
 
-def reduced_eigenvalues(problem, theta, masks, m: _Multipliers, steps: int = 60) -> tuple[float, float]:
-    """Lanczos (full reorthogonalisation, seeded start) on ``P∇²𝓛_{s*}P`` restricted to null(J_0): the
-    smallest and largest Ritz values (the extreme eigenvalues converge first)."""
+def reduced_eigenvalues(problem, theta, masks, m: _Multipliers, steps: int = 60):
+    """Lanczos (full reorthogonalisation, seeded start) on ``P∇²𝓛_{s*}P`` restricted to null(J_0): ``(smallest
+    Ritz value, largest, the smallest one's Ritz vector (P,), unit norm)`` (the extreme eigenvalues converge
+    first)."""
     n = m.null_dimension
     k = max(1, min(steps, n))
     saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.box))
@@ -677,8 +682,9 @@ def reduced_eigenvalues(problem, theta, masks, m: _Multipliers, steps: int = 60)
     if betas:
         b = torch.tensor(betas, dtype=torch.float64)
         T = T + torch.diag(b, 1) + torch.diag(b, -1)
-    mu = torch.linalg.eigvalsh(T)
-    return float(mu.min()), float(mu.max())
+    mu, Y = torch.linalg.eigh(T)
+    lowest = torch.stack(V[: len(mu)]).T @ Y[:, 0]
+    return float(mu[0]), float(mu[-1]), lowest / lowest.norm().clamp_min(1e-300)
 
 
 # ------------------------------------------------------------------------------------- the method
@@ -853,17 +859,18 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
     raise AssertionError("unreachable: the last revision returns")
 
 
-def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float | None):
+def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float | None, first: float | None = None):
     """Minimise the softplus_β-smoothed loss for β = `BETAS` in turn, each stage from the last one's point, and
     from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP`, or that ended
     above its aim (the later, sharper stages would start from a point their predecessor did not converge), and after
     the last stage, on the live coordinates (`_reduce`: the neurons off or at the kink on every sample zeroed and
     held): stop at the first snap that reaches δ <= tolerance with feasible slopes, or at the first stage whose
-    dying units promise a kink set too large for the KKT solve (`_too_large_to_try`). ``(the snap's start, its
-    end, Newton steps of the continuation, the reduced problem they live in)``."""
+    dying units promise a kink set too large for the KKT solve (`_too_large_to_try`). `first`: the β to start
+    from, where given (after an escape, `_sharpness_after`). ``(the snap's start, its end, Newton steps of the
+    continuation, the reduced problem they live in, the β of the snap)``."""
     steps, t0, theta = 0, time.perf_counter(), problem.theta
     saved, result = problem.mode, None
-    for beta in _sharpnesses(problem, theta):
+    for beta in _sharpnesses(problem, theta) if first is None else BETAS[BETAS.index(first) :]:
         problem.mode = lambda b=beta: Pieces(beta=b)
         try:
             theta, taken = _stage(problem, theta, min(1e-3, 0.1 / beta), max_seconds, t0)
@@ -876,20 +883,20 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
         if refused:
             whole = _whole(problem, theta)
             point = _refused_point(whole, whole.theta, *activation_inputs(whole, whole.theta), refused)
-            return point, point, steps, whole
+            return point, point, steps, whole, beta
         if beta < SNAP_FROM:
             continue
         reduced = _reduce(problem, theta, width, zero=True)
         inputs, _ = activation_inputs(reduced, reduced.theta)
         _kink_set(reduced, reduced.theta, identify(inputs, width, reduced.dead)[0])
         if identify(inputs, width, reduced.excluded())[1] >= SNAP_GAP or not arrived or beta == BETAS[-1]:
-            result = _snap(reduced, reduced.theta, beta, tolerance), reduced
+            result = _snap(reduced, reduced.theta, beta, tolerance), reduced, beta
             problem.hvps = reduced.hvps
             if not result[0][1].rule and result[0][1].delta <= tolerance:
                 break
     assert result is not None
-    (start, end), reduced = result
-    return start, end, steps, reduced
+    (start, end), reduced, beta = result
+    return start, end, steps, reduced, beta
 
 
 def _left(max_seconds: float | None, t0: float) -> float | None:
@@ -1028,33 +1035,38 @@ def _held_layer(problem: _Reduced, theta: torch.Tensor, end: _Snap, call: int, h
     return blocks[0], blocks[1], p_w, p_v
 
 
-def _escape(X: torch.Tensor, D: torch.Tensor, starts: int = 64, steps: int = 400) -> float:
+def _escape(X: torch.Tensor, D: torch.Tensor, starts: int = 64, steps: int = 400) -> tuple[float, torch.Tensor]:
     """A lower bound of ``max_{‖w‖=1} ‖Dᵀrelu(Xw)‖`` (X: N x d, D: N x m): projected gradient ascent on the sphere
     (normalised steps of length 0.3·0.99^k) from the top right singular vectors of DᵀX (both signs) and seeded random
-    starts, all at once; the largest value met at any w."""
+    starts, all at once. ``(the largest value met at any w, that w (d,))``."""
     gen = torch.Generator().manual_seed(0)
     _, _, Vh = torch.linalg.svd(D.T @ X, full_matrices=False)
     W = torch.cat([Vh.T, -Vh.T, torch.randn(X.shape[1], starts, generator=gen, dtype=X.dtype)], 1)
     W = W / W.norm(dim=0).clamp_min(1e-300)
-    best = 0.0
+    best, w_best = 0.0, W[:, 0].clone()
     for k in range(steps):
         Z = X @ W
         G = D.T @ torch.relu(Z)  # m x starts
         norms = G.norm(dim=0)
-        best = max(best, float(norms.max()))
+        if float(norms.max()) > best:
+            best, w_best = float(norms.max()), W[:, int(norms.argmax())].clone()
         grad = X.T @ ((Z > 0).to(X.dtype) * (D @ (G / norms.clamp_min(1e-300))))
         W = W + 0.3 * 0.99**k * grad / grad.norm(dim=0).clamp_min(1e-300)
         W = W / W.norm(dim=0).clamp_min(1e-300)
-    return best
+    return best, w_best
 
 
-def held_directions(problem: _Reduced, end: _Snap) -> tuple[float, float]:
+def held_directions(problem: _Reduced, end: _Snap) -> tuple[float, float, torch.Tensor | None]:
     """The held neurons' second-order test (docs/theory/conventions.md, "Dead neurons are held at 0"): near a held
     neuron (w, v) = 0 the loss changes by ``p_w‖w‖² + p_v‖v‖² + vᵀDᵀσ(Xw)`` at second order, positive for every
-    (w, v) ≠ 0 iff ``max_{‖w‖=1} ‖Dᵀσ(Xw)‖ < 2√(p_w p_v)``. Returns ``(lower, upper)``: the largest over layers of
-    that maximum's lower bound (`_escape`) and upper bound ``σ_max(D)·σ_max(X)``, each over 2√(p_w p_v) (0, 0
-    without held neurons). lower > 1: a held neuron can escape (a saddle); upper < 1: they cannot."""
+    (w, v) ≠ 0 iff ``max_{‖w‖=1} ‖Dᵀσ(Xw)‖ < 2√(p_w p_v)``. Returns ``(lower, upper, escape)``: the largest over
+    layers of that maximum's lower bound (`_escape`) and upper bound ``σ_max(D)·σ_max(X)``, each over 2√(p_w p_v)
+    (0, 0 without held neurons), and where lower > 1 the direction of the whole θ along which the loss falls: the
+    first held neuron of the layer with the largest lower bound set to ``(w, −Dᵀσ(Xw)/(2p_v))`` at the w found
+    (the second-order change there is ``p_w − ‖Dᵀσ(Xw)‖²/(4p_v) < 0``), None otherwise. lower > 1: a held neuron
+    can escape (a saddle); upper < 1: they cannot."""
     lower = upper = 0.0
+    escape = None
     theta = problem.full(end.theta).detach()
     for call, dead in enumerate(problem.dead):
         rows = dead.reshape(dead.shape[0], -1)
@@ -1064,8 +1076,14 @@ def held_directions(problem: _Reduced, end: _Snap) -> tuple[float, float]:
         X, D, p_w, p_v = _held_layer(problem, theta, end, call, held)
         scale = 2 * math.sqrt(max(p_w * p_v, 0.0))
         top = float(torch.linalg.matrix_norm(D, 2) * torch.linalg.matrix_norm(X, 2))
-        lower, upper = max(lower, _over(_escape(X, D), scale)), max(upper, _over(top, scale))
-    return lower, upper
+        value, w = _escape(X, D)
+        if _over(value, scale) > max(lower, 1.0) and p_v > 0:
+            incoming, outgoing = _neuron_index(problem.base, call)
+            escape = torch.zeros_like(theta)
+            escape[incoming[held[0]]] = w
+            escape[outgoing[held[0]]] = -(D.T @ torch.relu(X @ w)) / (2 * p_v)
+        lower, upper = max(lower, _over(value, scale)), max(upper, _over(top, scale))
+    return lower, upper, escape
 
 
 def _verdict(snap: _Snap, gap: float, tolerance: float, low: float, high: float) -> tuple[str, str, int]:
@@ -1100,19 +1118,20 @@ def _verdict(snap: _Snap, gap: float, tolerance: float, low: float, high: float)
     return kind, rule, at_bounds
 
 
-def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float, iterations: int) -> Certificate:
+def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float, iterations: int):
     """The certificate of the point `end.theta` with its kink set, multipliers and Clarke residual: the gap, the
     reduced Hessian's extreme eigenvalues, the verdict; `detail` (a Leaky ResNet's per-layer residuals and ĥ_l)
     differentiates σ with the slopes s* at the kinks; `stationarity` with relu'(0) = 0, as autograd does. Held
     neurons (`_Reduced`) count in every gradient: δ is the larger of the live coordinates' and the whole θ's at s*
     (their own gradient vanishes exactly at 0), and their directions, which the Lanczos does not see (a zero
     neuron's second-order term is not quadratic), are judged by `held_directions`: the kind is a minimum only when
-    no held neuron can escape by the upper bound, a saddle when one can by the lower bound."""
+    no held neuron can escape by the upper bound, a saddle when one can by the lower bound. ``(certificate, the
+    directions of the whole θ along which the loss falls where it is a saddle, `_descents`)``."""
     inputs, _ = activation_inputs(problem, end.theta)
     K = end.slopes.numel()
     width = max((float(z[k].abs().max()) for z, k in zip(inputs, end.masks) if bool(k.any())), default=0.0)
     gap = identify(inputs, width, problem.excluded())[1] if K else math.inf
-    low, high = reduced_eigenvalues(problem, end.theta, end.masks, end.m)
+    low, high, lowest = reduced_eigenvalues(problem, end.theta, end.masks, end.m)
     base, full = problem.base, problem.full(end.theta)
     base.hvps = problem.hvps
     masks, slopes = _with_inert(end.masks, end.slopes, problem.inert)
@@ -1125,13 +1144,19 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
     if problem.held or inert:
         end = replace(end, delta=max(end.delta, cert.stationarity))
     kind, rule, at_bounds = _verdict(end, gap, tolerance, low, high)
-    escape, bound = held_directions(problem, replace(end, masks=masks, slopes=slopes)) if problem.held else (0.0, 0.0)
+    escape, bound, held = (
+        held_directions(problem, replace(end, masks=masks, slopes=slopes)) if problem.held else (0.0, 0.0, None)
+    )
     if kind == "minimum" and (bound >= 1 or (inert and problem.held)):
         kind = "undecided"
     if escape > 1 + ESCAPE_SLACK and kind != "saddle" and not inert:
         kind, rule = "saddle", rule or f"a saddle: a held neuron can escape (max ‖Dᵀσ(Xw)‖ = {escape:.3g}·2√(p_w p_v))"
+    descents = []
+    if kind == "saddle" and rule.startswith("a saddle"):
+        curved = lowest if low < -1e-8 * abs(high) else None
+        descents = _descents(problem, end, curved, held if escape > 1 + ESCAPE_SLACK and not inert else None)
     _, g, gr, cost = base.evaluate(full)
-    return replace(
+    cert = replace(
         cert,
         stationarity=_ratio(g, gr, full, cost, problem.lam),
         clarke=end.delta,
@@ -1151,6 +1176,59 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
             "inert_kinks": inert,
         },
     )
+    return cert, descents
+
+
+def _descents(problem: _Reduced, end: _Snap, curved: torch.Tensor | None, held: torch.Tensor | None):
+    """The directions of the whole θ along which the loss falls at the saddle `end`, each tried by `_escaped`: the
+    reduced Hessian's Ritz vector `curved` of a negative eigenvalue (live coordinates; the loss falls at second
+    order), the kinks whose output cotangent c_k is negative moved off 0 together by the min-norm step ``J_0⁺b``
+    with ``b_k = ±1`` on the side where the loss falls faster at first order (``c_k(1 − s_k)`` for a_k > 0 against
+    ``c_k(s_k − a)`` for a_k < 0, `_verdict`), and a held neuron's escape `held` (`held_directions`)."""
+
+    def whole(d: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(problem.fixed).index_copy(0, problem.index, d)
+
+    out = [] if curved is None else [whole(curved)]
+    c, s = end.m.cotangents, end.slopes
+    falling = c < -1e-8 * (float(c.abs().max()) if c.numel() else 0.0)
+    if bool(falling.any()) and end.m.rank == s.numel():
+        up, down = c * (1 - s), c * (s - end.m.low)
+        b = torch.where(falling, torch.where(up <= down, 1.0, -1.0), 0.0).to(s.dtype)
+        out.append(whole(end.m.preimage(b)))
+    return out if held is None else [*out, held]
+
+
+def _escaped(problem: _Problem, theta: torch.Tensor, descents: list[torch.Tensor]):
+    """The point of least loss 𝓛 among ``θ + t·d/‖d‖`` over the `descents` d and ``t = ESCAPE_REACH·‖θ‖·2^−j``,
+    j = 0 … `ESCAPE_HALVINGS`, with its loss; None where none lies below 𝓛(θ) by more than 1e-12 of it."""
+
+    def loss(point: torch.Tensor) -> float:
+        with torch.no_grad():
+            cost, penalty = problem.parts(point)
+            return float(cost + penalty)
+
+    here, reach = loss(theta), ESCAPE_REACH * (float(theta.norm()) or 1.0)
+    trials = [theta + reach * 2.0**-j * d / d.norm() for d in descents for j in range(ESCAPE_HALVINGS + 1)]
+    values = [loss(t) for t in trials]
+    best = min(range(len(values)), key=values.__getitem__, default=None)
+    if best is None or values[best] >= here - 1e-12 * abs(here):
+        return None
+    return trials[best], values[best]
+
+
+def _sharpness_after(problem: _Problem, saddle: torch.Tensor, theta: torch.Tensor, beta: float) -> float:
+    """The β the continuation starts from after an escape from `saddle` (its snap's β: `beta`) and the descent to
+    θ: the first of `BETAS` from `beta` on whose band ``|a| <= 30/β`` lies below 1/100 of the largest input the
+    escape turned on (at the kink at the saddle, > 0 at θ), the last β where there is none. A smoother stage does
+    not tell those inputs from the kink, and its minimiser returns to the saddle (on `cp-rank`'s wide nets it did,
+    at β = 10³ from a point whose loss lay 4e-6 below the saddle's). Inputs the descent only moved by rounding do
+    not set it: they carry no gain a smoother stage could undo."""
+    before, _ = activation_inputs(problem, saddle)
+    after, _ = activation_inputs(problem, theta)
+    on = [a[(b.abs() <= AT_KINK * float(b.abs().max())) & (a > 0)] for a, b in zip(after, before)]
+    top = max((float(a.max()) for a in on if a.numel()), default=math.inf)
+    return next((b for b in BETAS if b >= beta and KINK_WIDTH / b <= top / 100), BETAS[-1])
 
 
 def _as_is(whole: _Problem, theta: torch.Tensor, kink_rtol: float, tolerance: float, loss_before: float):
@@ -1165,7 +1243,7 @@ def _as_is(whole: _Problem, theta: torch.Tensor, kink_rtol: float, tolerance: fl
     delta, slopes = clarke_residual(problem, problem.theta, masks, m)
     point = _Snap(problem.theta, masks, leaks, m, delta, slopes, "", 0)
     all_masks, all_slopes = _with_inert(masks, slopes, problem.inert)
-    return _examine(problem, point, tolerance, loss_before, 0), all_slopes, all_masks
+    return _examine(problem, point, tolerance, loss_before, 0)[0], all_slopes, all_masks
 
 
 def certificate_at(
@@ -1190,22 +1268,40 @@ def certify(
     *,
     tolerance: float = 1e-8,
     max_seconds: float | None = None,
+    escapes: int = ESCAPES,
 ) -> Certified:
     """Move `model` (converted to float64 on the CPU) to an exact critical point of ``C + model.penalty(lam)`` on
     ``data``'s training set (``N x d_in`` rows) and certify it (module docstring): the continuation, the kink set,
-    the snap, then the certificate. `model` is left at the snap's end; ``certificate.certified`` is True when the
+    the snap, then the certificate. Where that point is a Clarke critical saddle, the loss falls along a direction
+    the certificate names (`_descents`): the method steps along it (`_escaped`) and starts again from there, at most
+    `escapes` times (0: the first critical point reached is judged); ``detail["escaped_saddles"]`` lists the losses
+    of the saddles left. `model` is left at the last snap's end; ``certificate.certified`` is True when the
     Clarke residual δ <= `tolerance` (evaluated at slopes in [leak, 1]), the kink set's identification gap is >= 1e6
     (or there are no kinks) and the point is no saddle. A net too large for the KKT solve (`_too_large_to_try`)
     is refused before anything moves."""
     positive("tolerance", tolerance)
+    non_negative("escapes", escapes)
     t0 = time.perf_counter()
     problem = _Problem(model, data, objective, lam)
     refused = _too_large_to_try(problem, problem.theta)
     if refused:
         return _refused_up_front(problem, refused, tolerance, time.perf_counter() - t0)
     loss_before = problem.evaluate(problem.theta)[0]
-    start, end, steps, reduced = _continue_and_snap(problem, tolerance, max_seconds)
-    cert = _examine(reduced, end, tolerance, loss_before, steps + end.iterations)
+    saddles: list[float] = []
+    steps, first = 0, None
+    while True:
+        start, end, taken, reduced, beta = _continue_and_snap(problem, tolerance, _left(max_seconds, t0), first)
+        steps += taken + end.iterations
+        cert, descents = _examine(reduced, end, tolerance, loss_before, steps)
+        saddle = reduced.full(end.theta).detach()
+        escaped = _escaped(problem, saddle, descents) if len(saddles) < escapes else None
+        if escaped is None:
+            break
+        saddles.append(cert.loss_after)
+        problem.theta, taken = descend(problem, escaped[0], 0.0, DESCENT_ITERATIONS, _left(max_seconds, t0))
+        steps += taken
+        first = _sharpness_after(problem, saddle, problem.theta, beta)
+    cert = replace(cert, detail={**cert.detail, "escaped_saddles": saddles})
     masks, slopes = _with_inert(end.masks, end.slopes, reduced.inert)
     if cert.rule.startswith("identification gap"):  # the snap's K, read at 30/β, may not be the end point's own
         again, s, k = _as_is(problem, reduced.full(end.theta).detach(), 1e-10, tolerance, loss_before)
