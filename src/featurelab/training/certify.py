@@ -50,7 +50,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 
-from ..checks import non_negative, positive
+from ..checks import int_at_least, positive
 from ..data.dataset import Dataset
 from ..runtime import float64_copy
 from ._kkt import Linearised, Projector, dense_bytes
@@ -1280,7 +1280,7 @@ def certify(
     (or there are no kinks) and the point is no saddle. A net too large for the KKT solve (`_too_large_to_try`)
     is refused before anything moves."""
     positive("tolerance", tolerance)
-    non_negative("escapes", escapes)
+    int_at_least("escapes", escapes, 0)
     t0 = time.perf_counter()
     problem = _Problem(model, data, objective, lam)
     refused = _too_large_to_try(problem, problem.theta)
