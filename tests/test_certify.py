@@ -13,6 +13,7 @@ from scipy.optimize import lsq_linear
 from torch import nn
 
 from featurelab.data import Dataset, bottleneck_teacher
+from featurelab.errors import FeaturelabError
 from featurelab.models import MLP, LeakyResNet
 from featurelab.training import Phase, TrainConfig, train
 from featurelab.training.certify import (
@@ -190,6 +191,8 @@ def test_certify_leaves_a_saddle_for_the_global_minimum_of_a_linear_net():
                 W.zero_()
         return net
 
+    with pytest.raises(FeaturelabError, match=r"escapes=-1 is not allowed: it must be an integer >= 0"):
+        certify(at_zero(), data, "mse", lam, escapes=-1)
     stayed = certify(at_zero(), data, "mse", lam, escapes=0).certificate
     assert stayed.kind == "saddle" and not stayed.certified and stayed.detail["escaped_saddles"] == [], stayed
     c = certify(at_zero(), data, "mse", lam).certificate
