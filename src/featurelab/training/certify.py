@@ -739,7 +739,7 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
         new_inputs, _ = activation_inputs(problem, new_theta)
         flips = [((z > 0) != s) & ~k & ~o for z, s, k, o in zip(new_inputs, signs, masks, outside)]
         if any(bool(f.any()) for f in flips):
-            return start, current, flips
+            return start, _restored(problem, current, signs, outside), flips
         previous, m = m, multipliers(problem, new_theta, masks, leaks)
         delta, slopes = clarke_residual(problem, new_theta, masks, m, bounded=False)
         if it > 1 and m.delta >= previous.delta:  # at rounding level, or diverging (the first step restores a_K = 0)
@@ -749,6 +749,22 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
         rule = "curvature < 0 on M" if negative and delta > tolerance else ""
         current = _Snap(new_theta, masks, leaks, m, delta, slopes, rule, it)
     return start, current, None
+
+
+def _restored(problem: _Problem, current: _Snap, signs, outside) -> _Snap:
+    """Where a Newton step would change signs off K: `current` moved by the restoration ``−J_0⁺a_K`` alone, where
+    that changes no sign off K (`current` otherwise). The restoration is as small as a_K, while the tangent step can
+    run far along directions in which the reduced Hessian is nearly flat; on M its end is a point the certificate
+    can judge (`_snap` ends there when it is within the tolerance), where `current` off M is not (on a `cp-rank`
+    width-9 net the continuation's end had δ = 4e-10 at slopes of K, a tangent step moved two inputs off K across
+    0, and the add rule's revisions from there diverged to δ = 67)."""
+    theta = current.theta + current.m.restoration()
+    inputs, _ = activation_inputs(problem, theta)
+    if any(bool((((z > 0) != s) & ~k & ~o).any()) for z, s, k, o in zip(inputs, signs, current.masks, outside)):
+        return current
+    m = multipliers(problem, theta, current.masks, current.leaks)
+    delta, slopes = clarke_residual(problem, theta, current.masks, m, bounded=False)
+    return _Snap(theta, current.masks, current.leaks, m, delta, slopes, "", current.iterations)
 
 
 def _stuck(end: _Snap) -> torch.Tensor:
