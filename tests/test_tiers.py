@@ -116,10 +116,16 @@ def test_unhealthy_units_and_a_failed_certified_analysis_are_not_measured_with_t
     assert absent.certified_passed is None and "does not make this claim" in absent.certified_reason
 
 
-def test_an_earlier_point_no_farther_from_criticality_gives_no_error_bar():
+def test_where_the_snap_began_at_its_end_the_trained_nets_give_the_error_bar():
+    """A unit whose snap began as close to its critical point as it ended (δ_prev <= δ) measures no sensitivity;
+    the trained nets do: κ = |m − m_trained|/(δ_trained − δ), δ_trained their stationarity (0.1 here), m_trained
+    the first tier's margin. Where the trained nets are no farther either, no error bar can be measured."""
     res = results(a={**CERT_ON, "previous_clarke": 1e-10})
+    paper = rank_claim(0.4)  # margin (2 − 0.4)/2 = 0.8
+    tier = two_tiers([paper], [rank_claim(1.0)], [rank_claim(1.9)], res, {})[0]  # certified margin 0.5
+    assert tier.error_bar == pytest.approx(0.3 * 1e-10 / (0.1 - 1e-10), rel=1e-12) and tier.certified_passed is True
     c = rank_claim(1.0)
-    tier = two_tiers([c], [c], [c], res, {})[0]
+    tier = two_tiers([c], [c], [c], results(a={**CERT_ON, "clarke": 0.2, "previous_clarke": 0.1}), {})[0]
     assert tier.certified_passed is None and tier.certified_reason.startswith("no error bar")
     exact = two_tiers([c], [c], [rank_claim(0.0)], results(a={**CERT_ON, "clarke": 0.0}), {})[0]
     assert exact.error_bar == 0.0 and exact.certified_passed is True  # δ = 0: the margin is exact

@@ -264,11 +264,15 @@ def not_certified(result: dict) -> str:
     return str(cert.get("rule") or f"Clarke residual {fmt(cert.get('clarke'), 2)} > {fmt(cert.get('tolerance'), 2)}")
 
 
-def _ratio(results: dict[str, dict]) -> float | None:
-    """The largest ``δ/(δ_prev − δ)`` over the certificates of `results` (None where δ_prev <= δ)."""
+def _ratio(results: dict[str, dict], trained: bool = False) -> float | None:
+    """The largest ``δ/(δ_prev − δ)`` over the certificates of `results` (None where δ_prev <= δ); δ_prev is the
+    Clarke residual of the earlier point of the certification's path, or with `trained` the trained net's
+    stationarity (which bounds its Clarke residual above)."""
     ratios = []
     for r in results.values():
-        delta, prev = (float(r["certificate"].get(k) or 0.0) for k in ("clarke", "previous_clarke"))
+        delta = float(r["certificate"].get("clarke") or 0.0)
+        earlier = r.get("trained_stationarity") if trained else r["certificate"].get("previous_clarke")
+        prev = float(earlier or 0.0)
         if delta > 0 and prev <= delta:
             return None
         ratios.append(delta / (prev - delta) if delta > 0 else 0.0)
@@ -307,7 +311,10 @@ def two_tiers(
             continue
         key = c.id or c.statement
         c = replace(c, clarke=max((float(r["certificate"].get("clarke") or 0.0) for r in mine.values()), default=None))
-        out.append(certified_tier(c, by_id[0].get(key), by_id[1].get(key), _ratio(mine)))
+        previous, ratio = by_id[1].get(key), _ratio(mine)
+        if ratio is None:  # a snap that began as close to its critical point as it ended: the trained net is earlier
+            previous, ratio = c, _ratio(mine, trained=True)
+        out.append(certified_tier(c, by_id[0].get(key), previous, ratio))
     return out
 
 
