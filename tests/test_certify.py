@@ -601,6 +601,26 @@ def test_a_rank_deficient_kink_set_gets_the_bounded_least_squares_residual(produ
     assert delta == pytest.approx(expected, rel=1e-12, abs=0)
 
 
+def test_a_cotangent_at_underflow_keeps_its_slope_out_of_the_family_search(monkeypatch):
+    """`paired_kinks` with one kink's output cotangent set to 1e-320 by hand (1/c overflows): the multipliers
+    determine no slope there, and the linear program over the family leaves that kink out instead of failing on
+    infinite coefficients; the Clarke residual is still the bounded minimum at slopes in the box."""
+    import featurelab.training.certify as method
+
+    net, X, Y, lam, problem, leaks, mask = paired_kinks(0)
+    true = method._output_cotangents
+
+    def underflow(*args):
+        c = true(*args).clone()
+        c[0] = 1e-320
+        return c
+
+    monkeypatch.setattr(method, "_output_cotangents", underflow)
+    m = multipliers(problem, problem.theta, [mask], leaks)
+    delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
+    assert math.isfinite(delta) and bool(((slopes >= 0) & (slopes <= 1)).all()) and not m.feasible
+
+
 def test_the_multipliers_family_is_searched_for_slopes_in_the_box(monkeypatch):
     """`paired_kinks` over 30 draws: the min-norm multipliers' slopes leave [0, 1] in 29, and the linear program over
     the family (`_least_outside`) finds slopes in the box exactly where the bounded minimum (BVLS on the hand-built

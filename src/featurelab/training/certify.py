@@ -514,11 +514,12 @@ def _least_outside(problem, theta, masks, nu: torch.Tensor, family: torch.Tensor
     leave the same residual), the slopes ``s = (ν + N z)/c(s)`` that leave [low, 1]^K least: the sum of their
     distances to the box is a linear program in z and one slack t_k >= 0 per kink (scipy's HiGHS),
     ``min Σt  s.t.  low − t <= (ν + N z)/c <= 1 + t``, at the cotangents c of the last slopes, swept as
-    `_realised` sweeps. Kinks with c_k = 0 keep their slope. ``(slopes, c)``, the cotangents at the slopes."""
+    `_realised` sweeps. Kinks with c_k = 0 keep their slope, and so do those whose 1/c_k overflows (c_k at underflow:
+    on a width-24 digits net such a row made the program infinite). ``(slopes, c)``, the cotangents at the slopes."""
     s = start
     c = _output_cotangents(problem, theta, masks, s)
     for _ in range(len(masks) + 1):
-        live = c != 0
+        live = (c != 0) & torch.isfinite(nu / c) & torch.isfinite(family / c[:, None]).all(1)
         A = (family[live] / c[live, None]).numpy()
         s0 = (nu[live] / c[live]).numpy()
         n, k = A.shape[1], A.shape[0]
