@@ -72,11 +72,9 @@ def test_kinked_minimiser_in_closed_form():
     assert c.loss_after == pytest.approx(0.5 * (t * t - 1) ** 2 + 2 * lam * t * t, abs=1e-14)
 
 
-def test_a_kink_the_loss_wants_to_leave_makes_a_saddle():
-    """`kinked_data` with x₂'s target raised to 1/2: at w = (t, 0), v = t (t = √(1 − 2λ)) x₂'s unit is off with
-    slope 0, so the point is Clarke critical (δ = 0), but its output cotangent c = 2v(0 − 1/2)/2 < 0: turning the
-    unit on (w₂ > 0) lowers the loss at first order. Refused as a saddle."""
-    lam = 0.05
+def kinked_saddle(lam: float = 0.05) -> tuple[MLP, Dataset, float]:
+    """`kinked_data` with x₂'s target raised to 1/2, at w = (t, 0), v = t (t = √(1 − 2λ)): x₂'s unit is off.
+    ``(net, data, t)``."""
     X = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     Y = torch.tensor([[1.0], [0.5]])
     t = math.sqrt(1 - 2 * lam)
@@ -84,7 +82,16 @@ def test_a_kink_the_loss_wants_to_leave_makes_a_saddle():
     with torch.no_grad():
         net.weights[0].copy_(torch.tensor([[t, 0.0]], dtype=F64))
         net.weights[1].copy_(torch.tensor([[t]], dtype=F64))
-    c = certificate_at(net, Dataset(X, Y, X[:0], Y[:0]), "mse", lam).certificate
+    return net, Dataset(X, Y, X[:0], Y[:0]), t
+
+
+def test_a_kink_the_loss_wants_to_leave_makes_a_saddle():
+    """`kinked_saddle`: x₂'s unit is off with slope 0, so the point is Clarke critical (δ = 0), but its output
+    cotangent c = 2v(0 − 1/2)/2 < 0: turning the unit on (w₂ > 0) lowers the loss at first order. Refused as a
+    saddle."""
+    lam = 0.05
+    net, data, _ = kinked_saddle(lam)
+    c = certificate_at(net, data, "mse", lam).certificate
     assert c.kinks == 1 and c.clarke <= 1e-12 and c.kind == "saddle" and not c.certified, c
     assert "the loss falls as 1 kinked input turn on" in c.rule, c.rule
 
@@ -216,14 +223,9 @@ def test_certify_leaves_a_kinked_saddle_for_the_minimiser_in_closed_form():
     balance λ(v² + ‖w‖²) = 2λ‖u‖, so the minimum is that of ½‖u − y‖² + 2λ‖u‖: u = y(1 − 2λ/‖y‖), loss
     2λ‖y‖ − 2λ², with both units on (no kink left); the saddle's loss is ½((t² − 1)² + ¼) + 2λt², t² = 1 − 2λ."""
     lam = 0.05
-    X = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    Y = torch.tensor([[1.0], [0.5]])
-    t = math.sqrt(1 - 2 * lam)
-    net = MLP(2, 1, 1, 2, seed=3, dtype=F64)
-    with torch.no_grad():
-        net.weights[0].copy_(torch.tensor([[t, 0.0]], dtype=F64))
-        net.weights[1].copy_(torch.tensor([[t]], dtype=F64))
-    c = certify(net, Dataset(X, Y, X[:0], Y[:0]), "mse", lam).certificate
+    net, data, t = kinked_saddle(lam)
+    X, Y = data.X_train, data.Y_train
+    c = certify(net, data, "mse", lam).certificate
     assert c.certified and c.kinks == 0 and c.clarke <= 1e-12 and c.kind == "minimum", c
     assert c.loss_after == pytest.approx(2 * lam * math.sqrt(1.25) - 2 * lam**2, rel=1e-13)
     assert c.loss_before == pytest.approx(0.5 * ((t * t - 1) ** 2 + 0.25) + 2 * lam * t * t, rel=1e-14)

@@ -311,10 +311,10 @@ def two_tiers(
             continue
         key = c.id or c.statement
         c = replace(c, clarke=max((float(r["certificate"].get("clarke") or 0.0) for r in mine.values()), default=None))
-        previous, ratio = by_id[1].get(key), _ratio(mine)
+        earlier, ratio = by_id[1].get(key), _ratio(mine)
         if ratio is None:  # a snap that began as close to its critical point as it ended: the trained net is earlier
-            previous, ratio = c, _ratio(mine, trained=True)
-        out.append(certified_tier(c, by_id[0].get(key), previous, ratio))
+            earlier, ratio = c, _ratio(mine, trained=True)
+        out.append(certified_tier(c, by_id[0].get(key), earlier, ratio))
     return out
 
 
