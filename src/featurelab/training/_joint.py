@@ -88,7 +88,7 @@ def certify_joint(
     joint = JointSteps(model)
     problem = _Problem(joint, data, "mse", lam)
     loss_before = problem.evaluate(problem.theta)[0]
-    start, end, steps, reduced, _ = _continue_and_snap(problem, tolerance, max_seconds)
+    start, end, steps, reduced = _continue_and_snap(problem, tolerance, max_seconds)
     cert = _examine(reduced, end, tolerance, loss_before, steps + end.iterations)[0]
     cert = replace(cert, seconds=time.perf_counter() - t0, previous_clarke=start.delta)
     reduced.write(start.theta)

@@ -75,6 +75,7 @@ MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely up to 1 GiB; larger on
 MAX_KINKS = 2**20  # kink sets larger than this are refused: each snap step's LSQR solves grow with K
 ESCAPES = 8  # saddles `certify` leaves along a direction of descent before a saddle's verdict stands
 ESCAPE_REACH, ESCAPE_HALVINGS = 0.1, 40  # the escape's steps: 0.1·‖θ‖·2^−j, j = 0 … 40 (`_escaped`)
+ESCAPE_DESCENT = 2_000  # L-BFGS iterations on the unsmoothed loss after an escape, at most
 ESCAPE_SLACK = 1e-3  # a held neuron escapes when its ratio exceeds 1 + this (live neurons sit at exactly 1)
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
 METHOD = "softplus continuation (Newton-CG, L-BFGS) + active-set Newton snap, float64"
@@ -884,7 +885,7 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
     held): stop at the first snap that reaches δ <= tolerance with feasible slopes, or at the first stage whose
     dying units promise a kink set too large for the KKT solve (`_too_large_to_try`). `first`: the β to start
     from, where given (after an escape, `_sharpness_after`). ``(the snap's start, its end, Newton steps of the
-    continuation, the reduced problem they live in, the β of the snap)``."""
+    continuation, the reduced problem they live in)``."""
     steps, t0, theta = 0, time.perf_counter(), problem.theta
     saved, result = problem.mode, None
     for beta in _sharpnesses(problem, theta) if first is None else BETAS[BETAS.index(first) :]:
@@ -900,20 +901,20 @@ def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float |
         if refused:
             whole = _whole(problem, theta)
             point = _refused_point(whole, whole.theta, *activation_inputs(whole, whole.theta), refused)
-            return point, point, steps, whole, beta
+            return point, point, steps, whole
         if beta < SNAP_FROM:
             continue
         reduced = _reduce(problem, theta, width, zero=True)
         inputs, _ = activation_inputs(reduced, reduced.theta)
         _kink_set(reduced, reduced.theta, identify(inputs, width, reduced.dead)[0])
         if identify(inputs, width, reduced.excluded())[1] >= SNAP_GAP or not arrived or beta == BETAS[-1]:
-            result = _snap(reduced, reduced.theta, beta, tolerance), reduced, beta
+            result = _snap(reduced, reduced.theta, beta, tolerance), reduced
             problem.hvps = reduced.hvps
             if not result[0][1].rule and result[0][1].delta <= tolerance:
                 break
     assert result is not None
-    (start, end), reduced, beta = result
-    return start, end, steps, reduced, beta
+    (start, end), reduced = result
+    return start, end, steps, reduced
 
 
 def _left(max_seconds: float | None, t0: float) -> float | None:
@@ -1234,18 +1235,20 @@ def _escaped(problem: _Problem, theta: torch.Tensor, descents: list[torch.Tensor
     return trials[best], values[best]
 
 
-def _sharpness_after(problem: _Problem, saddle: torch.Tensor, theta: torch.Tensor, beta: float) -> float:
-    """The β the continuation starts from after an escape from `saddle` (its snap's β: `beta`) and the descent to
-    θ: the first of `BETAS` from `beta` on whose band ``|a| <= 30/β`` lies below 1/100 of the largest input the
-    escape turned on (at the kink at the saddle, > 0 at θ), the last β where there is none. A smoother stage does
-    not tell those inputs from the kink, and its minimiser returns to the saddle (on `cp-rank`'s wide nets it did,
-    at β = 10³ from a point whose loss lay 4e-6 below the saddle's). Inputs the descent only moved by rounding do
-    not set it: they carry no gain a smoother stage could undo."""
+def _sharpness_after(problem: _Problem, saddle: torch.Tensor, theta: torch.Tensor) -> float:
+    """The β the continuation starts from after an escape from `saddle` and the descent to θ: among the β it would
+    start from at θ (`_sharpnesses`), the first whose band ``|a| <= 30/β`` lies below 1/100 of the largest input the
+    escape turned on (at the kink at the saddle, > 0 at θ; the last β where every band holds one). A smoother stage
+    does not tell those inputs from the kink, and its minimiser returns to the saddle (on `cp-rank`'s wide nets it
+    did, at β = 10³ from a point whose loss lay 4e-6 below the saddle's); a sharper one than needed converges
+    slowly from a point the smoother stages have not prepared (on a width-16 digits net the β = 10⁶ stage ended at
+    stationarity 3e-3 after 20 000 iterations). Inputs the descent only moved by rounding do not set it: they
+    carry no gain a smoother stage could undo."""
     before, _ = activation_inputs(problem, saddle)
     after, _ = activation_inputs(problem, theta)
     on = [a[(b.abs() <= AT_KINK * float(b.abs().max())) & (a > 0)] for a, b in zip(after, before)]
     top = max((float(a.max()) for a in on if a.numel()), default=math.inf)
-    return next((b for b in BETAS if b >= beta and KINK_WIDTH / b <= top / 100), BETAS[-1])
+    return next((b for b in _sharpnesses(problem, theta) if KINK_WIDTH / b <= top / 100), BETAS[-1])
 
 
 def _as_is(whole: _Problem, theta: torch.Tensor, kink_rtol: float, tolerance: float, loss_before: float):
@@ -1307,7 +1310,7 @@ def certify(
     saddles: list[float] = []
     steps, first = 0, None
     while True:
-        start, end, taken, reduced, beta = _continue_and_snap(problem, tolerance, _left(max_seconds, t0), first)
+        start, end, taken, reduced = _continue_and_snap(problem, tolerance, _left(max_seconds, t0), first)
         steps += taken + end.iterations
         cert, descents = _examine(reduced, end, tolerance, loss_before, steps)
         saddle = reduced.full(end.theta).detach()
@@ -1315,9 +1318,9 @@ def certify(
         if escaped is None:
             break
         saddles.append(cert.loss_after)
-        problem.theta, taken = descend(problem, escaped[0], 0.0, DESCENT_ITERATIONS, _left(max_seconds, t0))
+        problem.theta, taken = descend(problem, escaped[0], 0.0, ESCAPE_DESCENT, _left(max_seconds, t0))
         steps += taken
-        first = _sharpness_after(problem, saddle, problem.theta, beta)
+        first = _sharpness_after(problem, saddle, problem.theta)
     cert = replace(cert, detail={**cert.detail, "escaped_saddles": saddles})
     masks, slopes = _with_inert(end.masks, end.slopes, reduced.inert)
     if cert.rule.startswith("identification gap"):  # the snap's K, read at 30/β, may not be the end point's own
