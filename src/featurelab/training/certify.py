@@ -76,6 +76,7 @@ MAX_KINKS = 2**20  # kink sets larger than this are refused: each snap step's LS
 ESCAPES = 8  # saddles `certify` leaves along a direction of descent before a saddle's verdict stands
 ESCAPE_REACH, ESCAPE_HALVINGS = 0.1, 40  # the escape's steps: 0.1·‖θ‖·2^−j, j = 0 … 40 (`_escaped`)
 ESCAPE_DESCENT = 2_000  # L-BFGS iterations on the unsmoothed loss after an escape, at most
+ESCAPE_BAND = 10.0  # after an escape the continuation's band 30/β starts below 1/this of the inputs it turned on
 ESCAPE_SLACK = 1e-3  # a held neuron escapes when its ratio exceeds 1 + this (live neurons sit at exactly 1)
 RANK_RTOL = 1e-10  # J_0's singular values below this share of the largest count as 0
 METHOD = "softplus continuation (Newton-CG, L-BFGS) + active-set Newton snap, float64"
@@ -1237,18 +1238,19 @@ def _escaped(problem: _Problem, theta: torch.Tensor, descents: list[torch.Tensor
 
 def _sharpness_after(problem: _Problem, saddle: torch.Tensor, theta: torch.Tensor) -> float:
     """The β the continuation starts from after an escape from `saddle` and the descent to θ: among the β it would
-    start from at θ (`_sharpnesses`), the first whose band ``|a| <= 30/β`` lies below 1/100 of the largest input the
-    escape turned on (at the kink at the saddle, > 0 at θ; the last β where every band holds one). A smoother stage
-    does not tell those inputs from the kink, and its minimiser returns to the saddle (on `cp-rank`'s wide nets it
-    did, at β = 10³ from a point whose loss lay 4e-6 below the saddle's); a sharper one than needed converges
-    slowly from a point the smoother stages have not prepared (on a width-16 digits net the β = 10⁶ stage ended at
-    stationarity 3e-3 after 20 000 iterations). Inputs the descent only moved by rounding do not set it: they
-    carry no gain a smoother stage could undo."""
+    start from at θ (`_sharpnesses`), the first whose band ``|a| <= 30/β`` lies below 1/`ESCAPE_BAND` of the largest
+    input the escape turned on (at the kink at the saddle, > 0 at θ; the last β where every band holds one). A
+    smoother stage does not tell those inputs from the kink, and its minimiser returns to the saddle (on `cp-rank`'s
+    wide nets it did, at β = 10³ from a point whose loss lay 4e-6 below the saddle's); a sharper one than needed
+    converges slowly from a point the smoother stages have not prepared (on a width-16 digits net whose escape
+    turned on inputs up to 1.8, the stages restarted at β = 10⁴ stalled at 10⁵, at stationarity 1.5e-3 after
+    20 398 iterations, where restarted at 10³ each one reaches its aim). Inputs the descent only moved by rounding
+    do not set it: they carry no gain a smoother stage could undo."""
     before, _ = activation_inputs(problem, saddle)
     after, _ = activation_inputs(problem, theta)
     on = [a[(b.abs() <= AT_KINK * float(b.abs().max())) & (a > 0)] for a, b in zip(after, before)]
     top = max((float(a.max()) for a in on if a.numel()), default=math.inf)
-    return next((b for b in _sharpnesses(problem, theta) if KINK_WIDTH / b <= top / 100), BETAS[-1])
+    return next((b for b in _sharpnesses(problem, theta) if KINK_WIDTH / b <= top / ESCAPE_BAND), BETAS[-1])
 
 
 def _as_is(whole: _Problem, theta: torch.Tensor, kink_rtol: float, tolerance: float, loss_before: float):
