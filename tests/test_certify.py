@@ -680,3 +680,65 @@ def test_held_neurons_that_can_escape_are_revived_one_saddle_at_a_time_down_to_a
         d = [torch.randn(W.shape, generator=gen, dtype=F64) for W in net.weights]
         norm = float(torch.cat([x.flatten() for x in d]).norm())
         assert loss(net, [scale * x / norm for x in d]) > loss(net)
+
+
+def test_a_held_neuron_before_a_kinked_layer_turns_those_kinks_on_one_side_only():
+    """A zero neuron added to the first hidden layer of a certified depth-3 net whose second layer has kinks: its
+    output t²·vσ(Xw) moves those kinked inputs off 0, where relu answers with slope 1 on the side v_j > 0 and slope
+    0 on the other. The loss along (tw, tv) is then, at second order, λ(‖w‖² + ‖v‖²) + Σ_j v_j(D_±ᵀrelu(Xw))_j with
+    D_up (slope 1 at the kinks) where v_j > 0 and D_down (slope 0) where v_j < 0. Checked apart from featurelab: that
+    coefficient equals the loss's own second difference along random (w, v) (Richardson, t = 1e-3), a two-sided
+    linear model does not, and a plain projected-gradient ascent of ‖e(w)‖ (e_j = max(relu(−(D_upᵀr)_j),
+    relu((D_downᵀr)_j))) agrees with the lower bound the certificate reports."""
+    lam = 0.02
+    data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
+    net = trained(MLP(4, 4, 8, 3, seed=1, dtype=F64), data, lam, steps=800, lr=1e-2)
+    c = certify(net, data, "mse", lam).certificate
+    assert c.certified and c.kind == "minimum" and c.detail["held_neurons"] == 0, c
+    X, Y = data.X_train.to(F64), data.Y_train.to(F64)
+    W1, W2, W3 = (W.detach() for W in net.weights)
+    Z2 = torch.relu(X @ W1.T) @ W2.T
+    kink = Z2.abs() <= 1e-10 * Z2.abs().max()
+    assert int(kink.sum()) >= 1
+    G = 2 * (torch.relu(Z2) @ W3.T - Y) / len(X) @ W3  # ∂C/∂relu(Z2)
+    up, down = G * ((Z2 > 0) | kink), G * ((Z2 > 0) & ~kink)
+
+    def loss(w: torch.Tensor, v: torch.Tensor, t: float) -> float:
+        A, B = torch.cat([W1, t * w[None]]), torch.cat([W2, t * v[:, None]], 1)
+        out = torch.relu(torch.relu(X @ A.T) @ B.T) @ W3.T
+        return float(((out - Y) ** 2).sum() / len(X) + lam * ((A**2).sum() + (B**2).sum() + (W3**2).sum()))
+
+    gen = torch.Generator().manual_seed(0)
+    off = 0.0
+    for _ in range(5):
+        w, v = torch.randn(4, generator=gen, dtype=F64), torch.randn(8, generator=gen, dtype=F64)
+        r = torch.relu(X @ w)
+        model = float(lam * (w @ w + v @ v) + torch.where(v > 0, v * (up.T @ r), v * (down.T @ r)).sum())
+        linear = float(lam * (w @ w + v @ v) + v @ (up.T @ r))
+        here = loss(w, v, 0.0)
+        second = [(loss(w, v, t) - here) / t**2 for t in (1e-3, 5e-4)]
+        measured = (4 * second[1] - second[0]) / 3
+        assert model == pytest.approx(measured, rel=1e-6)
+        off = max(off, abs(linear - measured) / abs(measured))
+    assert off > 0.1
+    best = 0.0
+    for _ in range(64):
+        w = torch.randn(4, generator=gen, dtype=F64)
+        for _ in range(300):
+            w = (w / w.norm()).detach().requires_grad_()
+            r = torch.relu(X @ w)
+            value = torch.maximum(torch.relu(-(up.T @ r)), torch.relu(down.T @ r)).norm()
+            (g,) = torch.autograd.grad(value, w)
+            best, w = max(best, float(value.detach())), w.detach() + 0.1 * g
+    big = MLP(4, 4, [9, 8], 3, dtype=F64)
+    with torch.no_grad():
+        for W in big.weights:
+            W.zero_()
+        big.weights[0][:8], big.weights[1][:, :8] = W1, W2
+        big.weights[2].copy_(W3)
+    a = certificate_at(big, data, "mse", lam).certificate
+    assert a.detail["held_neurons"] == 1 and a.kinks == c.kinks and a.clarke <= 1e-12, a
+    assert 0.99 * best <= a.detail["held_escape"] * 2 * lam <= 1.01 * best
+    assert a.detail["held_escape"] <= a.detail["held_escape_bound"]
+    if best > 2 * lam * 1.01:
+        assert a.kind == "saddle" and a.detail["held_escape_falls"], a

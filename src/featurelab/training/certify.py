@@ -1024,52 +1024,70 @@ def _refused_up_front(problem: _Problem, rule: str, tolerance: float, seconds: f
 
 
 def _held_layer(problem: _Reduced, theta: torch.Tensor, end: _Snap, call: int, held: torch.Tensor):
-    """``(X, D, p_w, p_v)`` for the held neurons `held` (column indices) of activation call `call` at the full θ:
-    X (N x d) the layer's inputs (bias entry included), read as the held neurons' pre-activations with incoming
-    rows set to unit vectors; D (N x m) the cotangent ∂C/∂Z of the next layer's pre-activations (slopes s* at the
-    kinks), read as the held neurons' output cotangents with outgoing columns set to unit vectors (either leaves
-    the function unchanged while the other side is 0); p_w, p_v half the penalty's curvature along one incoming
-    and one outgoing coordinate."""
+    """``(X, (D, D_up, D_down), p_w, p_v)`` for the held neurons `held` (column indices) of activation call `call` at
+    the full θ: X (N x d) the layer's inputs (bias entry included), read as the held neurons' pre-activations with
+    incoming rows set to unit vectors; D (N x m) the cotangent ∂𝓛/∂Z of the next layer's pre-activations with the
+    slopes s* at the kinks, and D_up, D_down the same with slope 1 and slope `leak` at the next call's kinks (the
+    one-sided derivatives there), read as the held neurons' output cotangents with outgoing columns set to unit
+    vectors (either leaves the function unchanged while the other side is 0); p_w, p_v half the penalty's
+    curvature along one incoming and one outgoing coordinate."""
     base, (incoming, outgoing) = problem.base, _neuron_index(problem.base, call)
+    counts = [int(m.sum()) for m in end.masks]
+    after = torch.arange(
+        sum(counts[: call + 1]), sum(counts[: call + 2])
+    )  # the next call's kinks (none after the last)
+    leak = end.leaks[call + 1] if call + 1 < len(end.leaks) else 0.0
+    sides = [end.slopes] + [end.slopes.clone().index_fill_(0, after, b) for b in (1.0, leak)]
     h = len(held)
-    blocks = []
-    for index, read in ((incoming, "inputs"), (outgoing, "cotangents")):
-        columns = []
+    blocks: list[list[torch.Tensor]] = [[], [], [], []]
+    for index, read in ((incoming, 0), (outgoing, 1)):
         for first in range(0, index.shape[1], h):
             trial, ks = theta.clone(), range(first, min(index.shape[1], first + h))
             for t, k in enumerate(ks):
                 trial[index[held[t], k]] = 1.0
-            if read == "inputs":
-                z = activation_inputs(base, trial)[0][call]
+            if read == 0:
+                reads = [activation_inputs(base, trial)[0][call]]
             else:
-                z = _probe_cotangents(base, trial, end.masks, end.slopes)[call]
-            rows = z.reshape(z.shape[0], -1)
-            columns += [rows[:, held[t]] for t in range(len(ks))]
-        blocks.append(torch.stack(columns, 1))
+                reads = [_probe_cotangents(base, trial, end.masks, slopes)[call] for slopes in sides]
+            for b, z in enumerate(reads):
+                rows = z.reshape(z.shape[0], -1)
+                blocks[read + b] += [rows[:, held[t]] for t in range(len(ks))]
+    X, D, up, down = (torch.stack(columns, 1) for columns in blocks)
     t = theta.detach().requires_grad_()
     (g,) = torch.autograd.grad(base.parts(t)[1], t, create_graph=True)
     i, o = int(incoming[held[0], 0]), int(outgoing[held[0], 0])
     p_w = float(torch.autograd.grad(g[i], t, retain_graph=True)[0][i]) / 2
     p_v = float(torch.autograd.grad(g[o], t)[0][o]) / 2
-    return blocks[0], blocks[1], p_w, p_v
+    return X, (D, up, down), p_w, p_v
 
 
-def _escape(X: torch.Tensor, D: torch.Tensor, starts: int = 64, steps: int = 400) -> tuple[float, torch.Tensor]:
-    """A lower bound of ``max_{‖w‖=1} ‖Dᵀrelu(Xw)‖`` (X: N x d, D: N x m): projected gradient ascent on the sphere
-    (normalised steps of length 0.3·0.99^k) from the top right singular vectors of DᵀX (both signs) and seeded random
-    starts, all at once. ``(the largest value met at any w, that w (d,))``."""
+def _gains(X: torch.Tensor, up: torch.Tensor, down: torch.Tensor, W: torch.Tensor):
+    """``(e, rising)`` for unit incoming vectors W (d x n): ``e_j = max(relu(−(D_upᵀr)_j), relu((D_downᵀr)_j))`` with
+    r = relu(XW), the first-order gain of the held neuron's outgoing weight v_j on the side it takes (v_j > 0 where
+    `rising`: the next call's kinks that r reaches turn on with slope 1; v_j < 0 otherwise: slope `leak`)."""
+    R = torch.relu(X @ W)
+    rise, fall = torch.relu(-(up.T @ R)), torch.relu(down.T @ R)
+    return torch.maximum(rise, fall), rise >= fall
+
+
+def _escape(X: torch.Tensor, up: torch.Tensor, down: torch.Tensor, starts: int = 64, steps: int = 400):
+    """A lower bound of ``max_{‖w‖=1} ‖e(w)‖`` (`_gains`; ``‖Dᵀrelu(Xw)‖`` where the next call has no kinks, D_up =
+    D_down = D): projected gradient ascent on the sphere (normalised steps of length 0.3·0.99^k) from the top right
+    singular vectors of ((D_up + D_down)/2)ᵀX (both signs) and seeded random starts, all at once. ``(the largest
+    value met at any w, that w (d,))``."""
     gen = torch.Generator().manual_seed(0)
-    _, _, Vh = torch.linalg.svd(D.T @ X, full_matrices=False)
+    _, _, Vh = torch.linalg.svd((up + down).T @ X / 2, full_matrices=False)
     W = torch.cat([Vh.T, -Vh.T, torch.randn(X.shape[1], starts, generator=gen, dtype=X.dtype)], 1)
     W = W / W.norm(dim=0).clamp_min(1e-300)
     best, w_best = 0.0, W[:, 0].clone()
     for k in range(steps):
-        Z = X @ W
-        G = D.T @ torch.relu(Z)  # m x starts
-        norms = G.norm(dim=0)
+        e, rising = _gains(X, up, down, W)
+        norms = e.norm(dim=0)
         if float(norms.max()) > best:
             best, w_best = float(norms.max()), W[:, int(norms.argmax())].clone()
-        grad = X.T @ ((Z > 0).to(X.dtype) * (D @ (G / norms.clamp_min(1e-300))))
+        share = e / norms.clamp_min(1e-300)
+        cotangent = up @ torch.where(rising, -share, 0.0) + down @ torch.where(rising, 0.0, share)
+        grad = X.T @ ((X @ W > 0).to(X.dtype) * cotangent)
         W = W + 0.3 * 0.99**k * grad / grad.norm(dim=0).clamp_min(1e-300)
         W = W / W.norm(dim=0).clamp_min(1e-300)
     return best, w_best
@@ -1077,13 +1095,15 @@ def _escape(X: torch.Tensor, D: torch.Tensor, starts: int = 64, steps: int = 400
 
 def held_directions(problem: _Reduced, end: _Snap) -> tuple[float, float, torch.Tensor | None]:
     """The held neurons' second-order test (docs/theory/conventions.md, "Dead neurons are held at 0"): near a held
-    neuron (w, v) = 0 the loss changes by ``p_w‖w‖² + p_v‖v‖² + vᵀDᵀσ(Xw)`` at second order, positive for every
-    (w, v) ≠ 0 iff ``max_{‖w‖=1} ‖Dᵀσ(Xw)‖ < 2√(p_w p_v)``. Returns ``(lower, upper, escape)``: the largest over
-    layers of that maximum's lower bound (`_escape`) and upper bound ``σ_max(D)·σ_max(X)``, each over 2√(p_w p_v)
-    (0, 0 without held neurons), and where lower > 1 the direction of the whole θ along which the loss falls: the
-    first held neuron of the layer with the largest lower bound set to ``(w, −Dᵀσ(Xw)/(2p_v))`` at the w found
-    (the second-order change there is ``p_w − ‖Dᵀσ(Xw)‖²/(4p_v) < 0``), None otherwise. lower > 1: a held neuron
-    can escape (a saddle); upper < 1: they cannot."""
+    neuron (w, v) = 0 the loss changes at second order by ``p_w‖w‖² + p_v‖v‖² + Σ_j v_j(D_±ᵀσ(Xw))_j``, with D_up
+    where v_j > 0 and D_down where v_j < 0 (`_held_layer`: the next call's kinks respond on the side the neuron moves
+    them to). Minimised over v it is ``p_w‖w‖² − ‖e(w)‖²/(4p_v)`` (`_gains`), positive for every (w, v) ≠ 0 iff
+    ``max_{‖w‖=1} ‖e(w)‖ < 2√(p_w p_v)``. Returns ``(lower, upper, escape)``: the largest over layers of that
+    maximum's lower bound (`_escape`) and upper bound ``σ_max(D)·σ_max(X)`` (``‖e(w)‖ <= ‖Dᵀσ(Xw)‖`` where every
+    c_k >= 0), each over 2√(p_w p_v) (0, 0 without held neurons), and where lower > 1 the direction of the whole θ
+    along which the loss falls at second order: the first held neuron of the layer with the largest lower bound
+    set to (w, v) at the w found, ``v_j = ±e_j/(2p_v)`` on its side; None otherwise. lower > 1: a held neuron can
+    escape (a saddle, once the loss is seen to fall along it, `_examine`); upper < 1: none can."""
     lower = upper = 0.0
     escape = None
     theta = problem.full(end.theta).detach()
@@ -1092,15 +1112,16 @@ def held_directions(problem: _Reduced, end: _Snap) -> tuple[float, float, torch.
         if not rows.numel() or not bool(rows.any()):
             continue
         held = rows.all(0).nonzero().squeeze(1)
-        X, D, p_w, p_v = _held_layer(problem, theta, end, call, held)
+        X, (D, up, down), p_w, p_v = _held_layer(problem, theta, end, call, held)
         scale = 2 * math.sqrt(max(p_w * p_v, 0.0))
         top = float(torch.linalg.matrix_norm(D, 2) * torch.linalg.matrix_norm(X, 2))
-        value, w = _escape(X, D)
+        value, w = _escape(X, up, down)
         if _over(value, scale) > max(lower, 1.0) and p_v > 0:
             incoming, outgoing = _neuron_index(problem.base, call)
+            e, rising = _gains(X, up, down, w[:, None])
             escape = torch.zeros_like(theta)
             escape[incoming[held[0]]] = w
-            escape[outgoing[held[0]]] = -(D.T @ torch.relu(X @ w)) / (2 * p_v)
+            escape[outgoing[held[0]]] = torch.where(rising, e, -e)[:, 0] / (2 * p_v)
         lower, upper = max(lower, _over(value, scale)), max(upper, _over(top, scale))
     return lower, upper, escape
 
@@ -1144,7 +1165,8 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
     neurons (`_Reduced`) count in every gradient: δ is the larger of the live coordinates' and the whole θ's at s*
     (their own gradient vanishes exactly at 0), and their directions, which the Lanczos does not see (a zero
     neuron's second-order term is not quadratic), are judged by `held_directions`: the kind is a minimum only when
-    no held neuron can escape by the upper bound, a saddle when one can by the lower bound. ``(certificate, the
+    no held neuron can escape by the upper bound, a saddle when one can by the lower bound and the loss falls along
+    its direction (`_escaped`: the model is exact for the next call's kinks, linear at later ones). ``(certificate, the
     directions of the whole θ along which the loss falls where it is a saddle, `_descents`)``."""
     inputs, _ = activation_inputs(problem, end.theta)
     K = end.slopes.numel()
@@ -1168,12 +1190,13 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
     )
     if kind == "minimum" and (bound >= 1 or (inert and problem.held)):
         kind = "undecided"
-    if escape > 1 + ESCAPE_SLACK and kind != "saddle" and not inert:
-        kind, rule = "saddle", rule or f"a saddle: a held neuron can escape (max ‖Dᵀσ(Xw)‖ = {escape:.3g}·2√(p_w p_v))"
+    falls = escape > 1 + ESCAPE_SLACK and not inert and held is not None and _escaped(base, full, [held]) is not None
+    if falls and kind != "saddle":
+        kind, rule = "saddle", rule or f"a saddle: a held neuron can escape (max ‖e(w)‖ = {escape:.3g}·2√(p_w p_v))"
     descents = []
     if kind == "saddle" and rule.startswith("a saddle"):
         curved = lowest if low < -1e-8 * abs(high) else None
-        descents = _descents(problem, end, curved, held if escape > 1 + ESCAPE_SLACK and not inert else None)
+        descents = _descents(problem, end, curved, held if falls else None)
     _, g, gr, cost = base.evaluate(full)
     cert = replace(
         cert,
@@ -1192,6 +1215,7 @@ def _examine(problem: _Reduced, end: _Snap, tolerance: float, loss_before: float
             "held_neurons": problem.held,
             "held_escape": escape,
             "held_escape_bound": bound,
+            "held_escape_falls": falls,
             "inert_kinks": inert,
         },
     )
