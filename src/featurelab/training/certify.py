@@ -1033,26 +1033,26 @@ def _held_layer(problem: _Reduced, theta: torch.Tensor, end: _Snap, call: int, h
     curvature along one incoming and one outgoing coordinate."""
     base, (incoming, outgoing) = problem.base, _neuron_index(problem.base, call)
     counts = [int(m.sum()) for m in end.masks]
-    after = torch.arange(
-        sum(counts[: call + 1]), sum(counts[: call + 2])
-    )  # the next call's kinks (none after the last)
+    following = torch.arange(sum(counts[: call + 1]), sum(counts[: call + 2]))  # the next call's kinks, if any
     leak = end.leaks[call + 1] if call + 1 < len(end.leaks) else 0.0
-    sides = [end.slopes] + [end.slopes.clone().index_fill_(0, after, b) for b in (1.0, leak)]
-    h = len(held)
-    blocks: list[list[torch.Tensor]] = [[], [], [], []]
-    for index, read in ((incoming, 0), (outgoing, 1)):
-        for first in range(0, index.shape[1], h):
-            trial, ks = theta.clone(), range(first, min(index.shape[1], first + h))
+    sides = [end.slopes] + [end.slopes.clone().index_fill_(0, following, b) for b in (1.0, leak)]
+
+    def read(index: torch.Tensor, at: Callable[[torch.Tensor], list[torch.Tensor]]) -> list[torch.Tensor]:
+        """Per reading of `at`, the N x (coordinates of `index`) matrix of the held neurons' entries when their
+        coordinates of `index` are set to unit vectors, `len(held)` of them per forward pass."""
+        columns: list[list[torch.Tensor]] = []
+        for first in range(0, index.shape[1], len(held)):
+            trial, ks = theta.clone(), range(first, min(index.shape[1], first + len(held)))
             for t, k in enumerate(ks):
                 trial[index[held[t], k]] = 1.0
-            if read == 0:
-                reads = [activation_inputs(base, trial)[0][call]]
-            else:
-                reads = [_probe_cotangents(base, trial, end.masks, slopes)[call] for slopes in sides]
-            for b, z in enumerate(reads):
-                rows = z.reshape(z.shape[0], -1)
-                blocks[read + b] += [rows[:, held[t]] for t in range(len(ks))]
-    X, D, up, down = (torch.stack(columns, 1) for columns in blocks)
+            readings = [z.reshape(z.shape[0], -1) for z in at(trial)]
+            columns = columns or [[] for _ in readings]
+            for out, rows in zip(columns, readings):
+                out += [rows[:, held[t]] for t in range(len(ks))]
+        return [torch.stack(c, 1) for c in columns]
+
+    (X,) = read(incoming, lambda trial: [activation_inputs(base, trial)[0][call]])
+    D, up, down = read(outgoing, lambda trial: [_probe_cotangents(base, trial, end.masks, s)[call] for s in sides])
     t = theta.detach().requires_grad_()
     (g,) = torch.autograd.grad(base.parts(t)[1], t, create_graph=True)
     i, o = int(incoming[held[0], 0]), int(outgoing[held[0], 0])
