@@ -651,6 +651,26 @@ def test_the_multipliers_family_is_searched_for_slopes_in_the_box(monkeypatch):
     assert found == [24]
 
 
+def test_a_family_too_large_to_search_leaves_the_clarke_residual_to_the_bounded_solve(monkeypatch):
+    """`paired_kinks` over 30 draws with `MAX_FAMILY` = 0: the family is never searched (in draw 24 it holds slopes
+    in the box that the min-norm ones miss), and the Clarke residual is still the bounded minimum of the hand-built
+    affine ∇𝓛_s (scipy's BVLS), to rounding, at slopes in the box."""
+    import featurelab.training.certify as method
+
+    def never(*args):
+        raise AssertionError("the family was searched")
+
+    monkeypatch.setattr(method, "MAX_FAMILY", 0)
+    monkeypatch.setattr(method, "_least_outside", never)
+    for seed in range(30):
+        net, X, Y, lam, problem, leaks, mask = paired_kinks(seed)
+        m = multipliers(problem, problem.theta, [mask], leaks)
+        delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
+        expected = bvls_clarke(net, X.numpy(), Y.numpy(), lam, mask.numpy())
+        assert m.rank == 9 and bool(((slopes >= 0) & (slopes <= 1)).all()), seed
+        assert delta == pytest.approx(expected, rel=1e-10, abs=1e-15), seed
+
+
 def test_held_neurons_that_can_escape_are_revived_one_saddle_at_a_time_down_to_a_strict_minimum():
     """The width-12 net above, whose first Clarke critical point is a saddle where held neurons can escape: with
     escapes allowed, `certify` leaves it along the held neuron's second-order direction and each later saddle in

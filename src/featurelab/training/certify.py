@@ -72,6 +72,7 @@ SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
 AT_KINK = 1e-10  # an input on K is at its kink when |a| <= this share of its call's largest |a|
 RELEASE_STEP = 1e-2  # a released input leaves 0 by this share of the smallest |a| off K (`_release_start`)
 MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely up to 1 GiB; larger ones are products (`_kkt`)
+MAX_FAMILY = 10**6  # the multipliers' family is searched (`_least_outside`) while K·dim null(J_0ᵀ) stays below this
 MAX_KINKS = 2**20  # kink sets larger than this are refused: each snap step's LSQR solves grow with K
 ESCAPES = 8  # saddles `certify` leaves along a direction of descent before a saddle's verdict stands
 ESCAPE_REACH, ESCAPE_HALVINGS = 0.1, 40  # the escape's steps: 0.1·‖θ‖·2^−j, j = 0 … 40 (`_escaped`)
@@ -480,7 +481,10 @@ def _realised(problem: _Problem, theta, masks, leaks, nu, r: torch.Tensor, gr: t
     a function that gives the box slopes (`_box_slopes` with the bounded solve `box`: BVLS on the dense factors,
     `Projector.box_slopes` on products). Where ν's slopes leave the box and J_0 is rank-deficient (`family`, a
     basis of null(J_0ᵀ), K x n), the least-squares multipliers ν + `family`·z are searched for the ones whose
-    slopes leave it least (`_least_outside`): the slopes are theirs, and they are feasible when they lie in it."""
+    slopes leave it least (`_least_outside`): the slopes are theirs, and they are feasible when they lie in it. A
+    family of more than `MAX_FAMILY` entries is not searched (its linear program runs for many minutes and may end
+    without a solution): the slopes stay ν's, infeasible, and δ is the bounded solve's (`_judged`), exact either
+    way; only the release rule then reads the min-norm slopes."""
     K = nu.numel()
     bounds = [torch.full((int(m.sum()),), a, dtype=torch.float64) for m, a in zip(masks, leaks)]
     low = torch.cat([torch.zeros(0, dtype=torch.float64), *bounds])
@@ -494,7 +498,7 @@ def _realised(problem: _Problem, theta, masks, leaks, nu, r: torch.Tensor, gr: t
         slopes = new
     norm = _denominator(gr, theta, problem.cost, problem.lam)
     feasible = not bool(_outside(slopes, low).any())
-    if not feasible and family is not None and family.shape[1]:
+    if not feasible and family is not None and 0 < family.numel() <= MAX_FAMILY:
         slopes, c = _least_outside(problem, theta, masks, nu, family, low, slopes)
         feasible = not bool(_outside(slopes, low).any())
     if feasible:  # within `SLOPE_SLACK` of the box: into it (δ is evaluated at the slopes themselves)
