@@ -671,6 +671,40 @@ def test_a_family_too_large_to_search_leaves_the_clarke_residual_to_the_bounded_
         assert delta == pytest.approx(expected, rel=1e-10, abs=1e-15), seed
 
 
+def test_more_kinks_than_parameters_build_no_k_by_k_factor_beyond_the_family_bound(monkeypatch):
+    """A width-2 net (P = 6 parameters) with all 40 first-layer inputs of 20 samples taken as kinks (K = 40 > P):
+    the whole of null(J_0ᵀ) needs a K x K factor. Within `MAX_FAMILY` the SVD builds it; beyond, no factor larger
+    than K x P is built (the bound that keeps a 55 000-kink set from taking 24 GB), and the Clarke residual is the
+    same to rounding, since every member of the family leaves the same residual and the bounded solve finds it."""
+    import featurelab.training.certify as method
+
+    gen = torch.Generator().manual_seed(3)
+    X, Y = torch.randn(20, 2, generator=gen, dtype=F64), torch.randn(20, 1, generator=gen, dtype=F64)
+    net = MLP(2, 1, 2, 2, seed=3, dtype=F64)
+    problem = _Problem(net, Dataset(X, Y, X[:0], Y[:0]), "mse", 0.05)
+    _, leaks = activation_inputs(problem, problem.theta)
+    mask = torch.ones(20, 2, dtype=torch.bool)
+    P, K = problem.theta.numel(), 40
+    assert P == 6
+    svd, largest = torch.linalg.svd, []
+
+    def recorded(*args, **kwargs):
+        out = svd(*args, **kwargs)
+        largest.append(max(t.numel() for t in out))
+        return out
+
+    monkeypatch.setattr(torch.linalg, "svd", recorded)
+    deltas = []
+    for bound in (10**6, K * K - 1):
+        monkeypatch.setattr(method, "MAX_FAMILY", bound)
+        largest.clear()
+        m = multipliers(problem, problem.theta, [mask], leaks)
+        deltas.append(clarke_residual(problem, problem.theta, [mask], m)[0])
+        assert (max(largest) == K * K) == (bound >= K * K), bound
+        assert max(largest) <= max(K * P, K * K if bound >= K * K else 0)
+    assert deltas[1] == pytest.approx(deltas[0], rel=1e-9)
+
+
 def test_held_neurons_that_can_escape_are_revived_one_saddle_at_a_time_down_to_a_strict_minimum():
     """The width-12 net above, whose first Clarke critical point is a saddle where held neurons can escape: with
     escapes allowed, `certify` leaves it along the held neuron's second-order direction and each later saddle in

@@ -450,9 +450,12 @@ def multipliers(problem: _Problem, theta: torch.Tensor, masks: list[torch.Tensor
     if dense_bytes(K, theta.numel()) > MAX_JACOBIAN_BYTES:
         return _free_multipliers(problem, theta, masks, leaks, K)
     g0, gr, a_K, J = _cut_gradient(problem, theta, masks, K)
-    U, S, Vh = torch.linalg.svd(J.T, full_matrices=K > theta.numel())  # P x k, k, K x K (k = min(P, K))
+    # K > P: the whole of null(J_0ᵀ) needs the K x K factor, built only where the family may be searched (J_0 may
+    # take 1 GiB: with the 2 410 parameters of a width-24 digits net, 55 000 kinks, whose K x K factor takes 24 GB)
+    whole = K <= theta.numel() or K * K <= MAX_FAMILY
+    U, S, Vh = torch.linalg.svd(J.T, full_matrices=K > theta.numel() and whole)  # P x k, k, k x K (k = min(P, K))
     rank = int((S > RANK_RTOL * float(S[0])).sum()) if K else 0
-    family = Vh[rank:].T  # K x (K − rank): a basis of null(J_0ᵀ), the directions in which ν is free
+    family = Vh[rank:].T if whole else None  # K x (K − rank): a basis of null(J_0ᵀ), the directions ν is free in
     U, S, Vh = U[:, :rank], S[:rank], Vh[:rank]
     Ug = U.T @ g0
     r = g0 - U @ Ug
