@@ -148,7 +148,7 @@ def test_a_snap_within_the_tolerance_ends_there_when_a_step_would_cross(monkeypa
     whole = _Problem(net, data, "mse", 0.02)
     problem = _whole(whole, whole.theta)
     gen = torch.Generator().manual_seed(0)
-    monkeypatch.setattr(method, "snap_step", lambda problem, th, masks, m: (-th, False))
+    monkeypatch.setattr(method, "snap_step", lambda problem, th, masks, m, damping=0.0: (-th, False))
     for size, tolerance, off in ((1e-11, 1e-8, False), (1e-8, 1e-5, True)):
         theta = problem.theta + size * torch.randn(problem.theta.shape, generator=gen, dtype=F64)
         inputs, _ = activation_inputs(problem, theta)
@@ -159,6 +159,34 @@ def test_a_snap_within_the_tolerance_ends_there_when_a_step_would_cross(monkeypa
         top = [float(z.abs().max()) for z in inputs]
         on_k = [float(z[k].abs().max()) / t for z, k, t in zip(inputs, end.masks, top) if bool(k.any())]
         assert (max(on_k) > 1e-10) == off  # moved by 1e-8 the start is off M: the restoration puts it there
+
+
+def test_an_untrusted_newton_step_that_crosses_signs_gives_way_to_damped_steps(monkeypatch):
+    """The small MLP's certified point moved by 1e-8, with Newton's step replaced by θ ↦ −θ and marked untrusted,
+    as the tangent solve's is where the reduced Hessian is singular (its step runs along the null direction across
+    the signs of the inputs off K). The snap does not hand those inputs to the add rule: the damped
+    (Levenberg–Marquardt) steps bring it back to the certified point, on the same kinks, at rounding. Without the
+    damped steps the add rule takes every input that θ ↦ −θ flips into K."""
+    import featurelab.training.certify as method
+
+    net, data = small_mlp()
+    c = certify(net, data, "mse", 0.02).certificate
+    whole = _Problem(net, data, "mse", 0.02)
+    problem = _whole(whole, whole.theta)
+    real, tried = method.snap_step, []
+
+    def runaway(problem, th, masks, m, damping=0.0):
+        tried.append(damping)
+        return (-th, False) if damping == 0 else real(problem, th, masks, m, damping)
+
+    monkeypatch.setattr(method, "snap_step", runaway)
+    gen = torch.Generator().manual_seed(1)
+    theta = problem.theta + 1e-8 * torch.randn(problem.theta.shape, generator=gen, dtype=F64)
+    _, end = _snap(problem, theta, 1e7, 1e-10)
+    assert not end.rule and end.delta <= 1e-12 and end.m.feasible, (end.rule, end.delta)
+    assert end.slopes.numel() == c.kinks > 0 and _at_kinks(problem, end)
+    assert float((end.theta - problem.theta).norm()) <= 1e-9
+    assert 0.0 in tried and max(tried) > 0
 
 
 def test_a_point_that_is_not_critical_is_refused():

@@ -66,6 +66,7 @@ MIN_GAP = 1e6  # identification: min |a| off K over max |a| on K
 SNAP_ITERATIONS = 8
 SNAP_REVISIONS = 4  # new starts of the snap after the add or the release rule changed K
 SNAP_FLOOR = 1e-14  # the snap stops at this Clarke residual (rounding), or when δ stops falling
+DAMPINGS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # the snap's damped steps, in units of ‖∇R‖/‖θ‖ (`_dampings`)
 SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on,
 SNAP_GAP = 5.0  # where the kink set stands out by this gap (and after the last stage in any case)
 SLOPE_SLACK = 1e-9  # a slope within this of a bound is at the bound
@@ -630,37 +631,41 @@ def _project(Q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def _projected_cg(hess, project, rhs: torch.Tensor, max_steps: int) -> tuple[torch.Tensor, bool]:
-    """Solve ``P H P v = rhs`` on null(J_0) (`project`: v ↦ Pv) by conjugate gradients; stops on negative curvature
-    (flag True)."""
+    """Solve ``P H P v = rhs`` on null(J_0) (`project`: v ↦ Pv) by conjugate gradients: ``(v, trusted)``, trusted
+    False where CG stopped on negative curvature or at `max_steps` (on a singular or nearly singular P H P the
+    iterate then runs along its null directions)."""
     v, r = torch.zeros_like(rhs), project(rhs)
     d, rr, tol = r.clone(), float(r @ r), 1e-14 * float(rhs.norm()) ** 2
     for _ in range(max_steps):
         if rr <= tol:
-            break
+            return v, True
         Hd = project(hess(d))
         dHd = float(d @ Hd)
         if dHd <= 0:
-            return v, True
+            return v, False
         alpha = rr / dHd
         v, r = v + alpha * d, r - alpha * Hd
         rr_new = float(r @ r)
         d, rr = r + (rr_new / rr) * d, rr_new
-    return v, False
+    return v, rr <= tol
 
 
-def snap_step(problem: _Problem, theta, masks, m: _Multipliers) -> tuple[torch.Tensor, bool]:
+def snap_step(problem: _Problem, theta, masks, m: _Multipliers, damping: float = 0.0) -> tuple[torch.Tensor, bool]:
     """One Newton step of the KKT system on M: restoration ``−J_0⁺a_K`` (= ``−J_0ᵀ(J_0J_0ᵀ)⁻¹a_K`` at full rank;
-    ``−U S⁻¹Vᵀa_K``) plus the tangent step v ∈ null(J_0) solving ``P∇²𝓛_sP v = −P(r + ∇²𝓛_s d_r)`` at the
+    ``−U S⁻¹Vᵀa_K``) plus the tangent step v ∈ null(J_0) solving ``(P∇²𝓛_sP + μI) v = −P(r + ∇²𝓛_s d_r)`` at the
     least-squares slopes s = ν/c, inside the box or not: on null(J_0) their Hessian is the Lagrangian's,
-    ``∇²𝓛_0 + Σ_k ν_k∇²a_k``, whose Newton steps converge quadratically to the KKT point on M."""
+    ``∇²𝓛_0 + Σ_k ν_k∇²a_k``, whose Newton steps (μ = `damping` = 0) converge quadratically to the KKT point on M;
+    μ > 0 is a Levenberg–Marquardt damping (`_newton_on`). ``(the new point, whether the tangent solve is trusted:
+    `_projected_cg`)``."""
     d_r = m.restoration()  # −J_0⁺a_K
     saved = _with(problem, lambda: Pieces(masks=masks, slopes=m.slopes))
     try:
         hess = problem.hessian_at(theta)
-        v, negative = _projected_cg(hess, m.project, -(m.r + hess(d_r)), min(theta.numel(), 1000))
+        damped = hess if damping == 0 else (lambda v: hess(v) + damping * v)
+        v, trusted = _projected_cg(damped, m.project, -(m.r + hess(d_r)), min(theta.numel(), 1000))
     finally:
         problem.mode = saved
-    return theta + d_r + v, negative
+    return theta + d_r + v, trusted
 
 
 def reduced_eigenvalues(problem, theta, masks, m: _Multipliers, steps: int = 60):
@@ -730,10 +735,23 @@ def _excluded(problem: _Problem, like: list[torch.Tensor]) -> list[torch.Tensor]
     return [torch.zeros_like(m, dtype=torch.bool) for m in like]
 
 
+def _dampings(m: _Multipliers, theta: torch.Tensor) -> list[float]:
+    """The Levenberg–Marquardt dampings μ the snap's steps try, in order: 0 (Newton's step), then `DAMPINGS` times
+    the penalty's curvature scale ``‖∇R‖/‖θ‖`` (2λ for an L2 penalty on every parameter)."""
+    scale = m.penalty_norm / max(float(theta.norm()), 1e-300)
+    return [0.0, *(d * scale for d in DAMPINGS)] if math.isfinite(scale) and scale > 0 else [0.0]
+
+
 def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: float):
     """Newton steps on M = {a_K = 0} from θ until δ <= `SNAP_FLOOR` (or δ_LS, the residual of the KKT system the
-    steps solve, stops falling: the rule `STALLED`): ``(the start, the end, the entries off K whose sign the last
-    step changed (per call) or None)``; a step that changes signs off K is not taken. Steps are taken whatever the
+    steps solve, stops falling: the rule `STALLED`): ``(the start, the end, the entries off K whose sign Newton's
+    step changed (per call) or None)``. A step is taken when it changes no sign off K and lowers δ_LS (the first
+    step, which restores a_K = 0, may raise it). Damped steps (`_dampings`, from one below the damping of the last
+    step taken) are tried where Newton's step is not taken and either its tangent solve is not trusted (negative
+    curvature, or no convergence: on a reduced Hessian that is singular or nearly so, a direction along which the
+    loss on M is flat or linear, Newton's step runs far along it, across the signs of many inputs off K, while the
+    damped step moves along it by its gradient over μ) or it stalls above the tolerance. Where none is taken and
+    Newton's step changed signs off K, those are the entries returned (the add rule). Steps are taken whatever the
     box says of the multipliers: off M they are estimates, δ is bounded above at the clamped slopes, and the slopes
     are judged where the steps end (the release rule; where none is released, `_judged`)."""
     inputs, _ = activation_inputs(problem, theta)
@@ -742,21 +760,33 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
     m = multipliers(problem, theta, masks, leaks)
     delta, slopes = clarke_residual(problem, theta, masks, m, bounded=False)
     start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
+    dampings, lowest = _dampings(m, theta), 0
     for it in range(1, SNAP_ITERATIONS + 1):
         if current.delta <= SNAP_FLOOR:
             break
-        new_theta, negative = snap_step(problem, current.theta, masks, m)
-        new_inputs, _ = activation_inputs(problem, new_theta)
-        flips = [((z > 0) != s) & ~k & ~o for z, s, k, o in zip(new_inputs, signs, masks, outside)]
-        if any(bool(f.any()) for f in flips):
-            return start, _restored(problem, current, signs, outside), flips
-        previous, m = m, multipliers(problem, new_theta, masks, leaks)
-        delta, slopes = clarke_residual(problem, new_theta, masks, m, bounded=False)
-        if it > 1 and m.delta >= previous.delta:  # at rounding level, or diverging (the first step restores a_K = 0)
+        taken, newton_flips = None, None
+        for i in [0, *range(max(lowest, 1), len(dampings))]:
+            new_theta, trusted = snap_step(problem, current.theta, masks, current.m, dampings[i])
+            new_inputs, _ = activation_inputs(problem, new_theta)
+            flips = [((z > 0) != s) & ~k & ~o for z, s, k, o in zip(new_inputs, signs, masks, outside)]
+            crossed = any(bool(f.any()) for f in flips)
+            new_m = None if crossed else multipliers(problem, new_theta, masks, leaks)
+            if new_m is not None and ((it == 1 and i == 0) or new_m.delta < current.m.delta):
+                taken, lowest = (new_theta, new_m, trusted), max(i - 1, 0)
+                break
+            if i == 0:
+                newton_flips = flips if crossed else None
+                if (crossed and trusted) or (not crossed and current.delta <= tolerance):
+                    break
+        if taken is None and newton_flips is not None:
+            return start, _restored(problem, current, signs, outside), newton_flips
+        if taken is None:  # at rounding level, or no step lowers δ_LS
             return start, replace(current, rule=STALLED), None
+        new_theta, m, trusted = taken
+        delta, slopes = clarke_residual(problem, new_theta, masks, m, bounded=False)
         # negative curvature met by the tangent solve matters while the point is not yet critical; at a critical
         # point the reduced Hessian's Lanczos (`_verdict`) tells a saddle from a flat minimum
-        rule = "curvature < 0 on M" if negative and delta > tolerance else ""
+        rule = "the tangent solve met curvature <= 0 or its step cap on M" if not trusted and delta > tolerance else ""
         current = _Snap(new_theta, masks, leaks, m, delta, slopes, rule, it)
     return start, current, None
 
