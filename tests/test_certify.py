@@ -22,6 +22,7 @@ from featurelab.training.certify import (
     _newton_on,
     _release_start,
     _released,
+    _sloped_gradient_norm,
     _snap,
     _whole,
     activation_inputs,
@@ -697,6 +698,41 @@ def test_a_family_too_large_to_search_leaves_the_clarke_residual_to_the_bounded_
         expected = bvls_clarke(net, X.numpy(), Y.numpy(), lam, mask.numpy())
         assert m.rank == 9 and bool(((slopes >= 0) & (slopes <= 1)).all()), seed
         assert delta == pytest.approx(expected, rel=1e-10, abs=1e-15), seed
+
+
+def test_a_capped_bounded_slope_solve_still_bounds_the_clarke_residual_from_above(monkeypatch):
+    """`paired_kinks` with the family search off and BVLS capped at one iteration (`BVLS_ITERATIONS`, the cap that
+    bounds its cost on large kink sets; every call sees it): the slopes returned lie in the box, the δ reported is
+    the gradient norm at the slopes reported (evaluated apart), and it is never below the exact bounded minimum
+    (scipy's BVLS run to the end on the hand-built affine ∇𝓛_s); at the default cap the two agree to rounding."""
+    import featurelab.training.certify as method
+
+    caps, real = [], method.lsq_linear
+
+    def recorded(*args, **kwargs):
+        caps.append(kwargs.get("max_iter"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(method, "MAX_FAMILY", 0)
+    monkeypatch.setattr(method, "lsq_linear", recorded)
+    solved = 0
+    for seed in range(30):
+        net, X, Y, lam, problem, leaks, mask = paired_kinks(seed)
+        expected = bvls_clarke(net, X.numpy(), Y.numpy(), lam, mask.numpy())
+        for cap in (1, method.BVLS_ITERATIONS):
+            monkeypatch.setattr(method, "BVLS_ITERATIONS", cap)
+            caps.clear()
+            m = multipliers(problem, problem.theta, [mask], leaks)
+            delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
+            assert all(c is not None and c <= cap for c in caps), (seed, caps)
+            solved += bool(caps)
+            assert bool(((slopes >= 0) & (slopes <= 1)).all()), seed
+            direct = _sloped_gradient_norm(problem, problem.theta, [mask], slopes) / m.penalty_norm
+            assert delta == pytest.approx(direct, rel=1e-12, abs=1e-15), seed
+            assert delta >= expected * (1 - 1e-10) - 1e-15, seed
+            if cap > 1:
+                assert delta == pytest.approx(expected, rel=1e-10, abs=1e-15), seed
+    assert solved > 0  # the min-norm slopes leave the box on some draws, and the bounded solve runs there
 
 
 def test_more_kinks_than_parameters_build_no_k_by_k_factor_beyond_the_family_bound(monkeypatch):
