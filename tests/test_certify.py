@@ -162,12 +162,18 @@ def test_a_snap_within_the_tolerance_ends_there_when_a_step_would_cross(monkeypa
         assert (max(on_k) > 1e-10) == off  # moved by 1e-8 the start is off M: the restoration puts it there
 
 
-def test_an_untrusted_newton_step_that_crosses_signs_gives_way_to_damped_steps(monkeypatch):
-    """The small MLP's certified point moved by 1e-8, with Newton's step replaced by θ ↦ −θ and marked untrusted,
-    as the tangent solve's is where the reduced Hessian is singular (its step runs along the null direction across
-    the signs of the inputs off K). The snap does not hand those inputs to the add rule: the damped
-    (Levenberg–Marquardt) steps bring it back to the certified point, on the same kinks, at rounding. Without the
-    damped steps the add rule takes every input that θ ↦ −θ flips into K."""
+@pytest.mark.parametrize(
+    "runaway_step",
+    [lambda th: -th, lambda th: torch.cat([th[:-1], th.new_full((1,), math.nan)])],  # an output weight overflowed
+    ids=["crossing", "overflowing"],
+)
+def test_an_untrusted_newton_step_that_crosses_signs_gives_way_to_damped_steps(monkeypatch, runaway_step):
+    """The small MLP's certified point moved by 1e-8, with Newton's step replaced by θ ↦ −θ (or by an overflow) and
+    marked untrusted, as the tangent solve's is where the reduced Hessian is singular (its step runs along the null
+    direction across the signs of the inputs off K). The snap does not hand those inputs to the add rule: the
+    damped (Levenberg–Marquardt) steps bring it back to the certified point, on the same kinks, at rounding.
+    Without the damped steps the add rule takes every input that θ ↦ −θ flips into K; an overflow in the output
+    layer changes no activation's sign, and taken as a step it would end the snap on a non-finite point."""
     import featurelab.training.certify as method
 
     net, data = small_mlp()
@@ -178,7 +184,7 @@ def test_an_untrusted_newton_step_that_crosses_signs_gives_way_to_damped_steps(m
 
     def runaway(problem, th, masks, m, damping=0.0):
         tried.append(damping)
-        return (-th, False) if damping == 0 else real(problem, th, masks, m, damping)
+        return (runaway_step(th), False) if damping == 0 else real(problem, th, masks, m, damping)
 
     monkeypatch.setattr(method, "snap_step", runaway)
     gen = torch.Generator().manual_seed(1)
@@ -678,6 +684,31 @@ def test_the_multipliers_family_is_searched_for_slopes_in_the_box(monkeypatch):
             delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
             assert delta == pytest.approx(m.delta, rel=1e-12) and bool(((slopes >= 0) & (slopes <= 1)).all())
     assert found == [24]
+
+
+def test_a_family_search_stopped_at_its_iteration_cap_leaves_the_clarke_residual_to_the_bounded_solve(monkeypatch):
+    """`paired_kinks` over 30 draws with HiGHS stopped after one iteration (`FAMILY_ITERATIONS`, the cap that bounds
+    the linear program where it runs into numerical difficulties; every call sees it): the program's unfinished
+    point is not read as slopes, and the Clarke residual is still the bounded minimum of the hand-built affine
+    ∇𝓛_s (scipy's BVLS), to rounding, at slopes in the box."""
+    import featurelab.training.certify as method
+
+    caps, real = [], method.linprog
+
+    def recorded(*args, **kwargs):
+        caps.append(kwargs["options"]["maxiter"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(method, "FAMILY_ITERATIONS", 1)
+    monkeypatch.setattr(method, "linprog", recorded)
+    for seed in range(30):
+        net, X, Y, lam, problem, leaks, mask = paired_kinks(seed)
+        m = multipliers(problem, problem.theta, [mask], leaks)
+        delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
+        expected = bvls_clarke(net, X.numpy(), Y.numpy(), lam, mask.numpy())
+        assert bool(((slopes >= 0) & (slopes <= 1)).all()), seed
+        assert delta == pytest.approx(expected, rel=1e-10, abs=1e-15), seed
+    assert caps and set(caps) == {1}  # the family was searched, under the cap
 
 
 def test_a_family_too_large_to_search_leaves_the_clarke_residual_to_the_bounded_solve(monkeypatch):

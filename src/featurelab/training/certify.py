@@ -74,6 +74,7 @@ AT_KINK = 1e-10  # an input on K is at its kink when |a| <= this share of its ca
 RELEASE_STEP = 1e-2  # a released input leaves 0 by this share of the smallest |a| off K (`_release_start`)
 MAX_JACOBIAN_BYTES = 2**30  # J_0 (K x P) is held densely up to 1 GiB; larger ones are products (`_kkt`)
 BVLS_ITERATIONS = 500  # the bounded slope solve on the dense factors stops after this many iterations
+FAMILY_ITERATIONS = 10_000  # the family's linear program stops after this many HiGHS iterations
 MAX_FAMILY = 10**6  # the multipliers' family is searched (`_least_outside`) while K·dim null(J_0ᵀ) stays below this
 MAX_KINKS = 2**20  # kink sets larger than this are refused: each snap step's LSQR solves grow with K
 ESCAPES = 8  # saddles `certify` leaves along a direction of descent before a saddle's verdict stands
@@ -538,8 +539,15 @@ def _least_outside(problem, theta, masks, nu: torch.Tensor, family: torch.Tensor
         A_ub = sparse.vstack([sparse.hstack([A, -eye]), sparse.hstack([-A, -eye])], format="csr")
         b_ub = np.concatenate([1.0 - s0, s0 - low[live].numpy()])
         cost = np.concatenate([np.zeros(n), np.ones(k)])
-        found = linprog(cost, A_ub=A_ub, b_ub=b_ub, bounds=[(None, None)] * n + [(0, None)] * k, method="highs")
-        if found.status != 0:  # HiGHS failed: keep the min-norm slopes
+        found = linprog(
+            cost,
+            A_ub=A_ub,
+            b_ub=b_ub,
+            bounds=[(None, None)] * n + [(0, None)] * k,
+            method="highs",
+            options={"maxiter": FAMILY_ITERATIONS},
+        )
+        if found.status != 0:  # HiGHS failed or reached its iteration cap: keep the min-norm slopes
             break
         new = s.clone()
         new[live] = torch.from_numpy(s0 + A @ found.x[:n])
@@ -772,6 +780,8 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
         taken, newton_flips = None, None
         for i in [0, *range(max(lowest, 1), len(dampings))]:
             new_theta, trusted = snap_step(problem, current.theta, masks, current.m, dampings[i])
+            if not bool(torch.isfinite(new_theta).all()):  # the tangent solve overflowed: not a step
+                continue
             new_inputs, _ = activation_inputs(problem, new_theta)
             flips = [((z > 0) != s) & ~k & ~o for z, s, k, o in zip(new_inputs, signs, masks, outside)]
             crossed = any(bool(f.any()) for f in flips)
