@@ -686,6 +686,18 @@ def test_the_multipliers_family_is_searched_for_slopes_in_the_box(monkeypatch):
     assert found == [24]
 
 
+def paired_kinks_reach_the_bounded_minimum() -> None:
+    """Over 30 `paired_kinks` draws: J_0 of rank 9, slopes in the box, and δ the bounded minimum of the hand-built
+    affine ∇𝓛_s (scipy's BVLS), to rounding."""
+    for seed in range(30):
+        net, X, Y, lam, problem, leaks, mask = paired_kinks(seed)
+        m = multipliers(problem, problem.theta, [mask], leaks)
+        delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
+        expected = bvls_clarke(net, X.numpy(), Y.numpy(), lam, mask.numpy())
+        assert m.rank == 9 and bool(((slopes >= 0) & (slopes <= 1)).all()), seed
+        assert delta == pytest.approx(expected, rel=1e-10, abs=1e-15), seed
+
+
 def test_a_family_search_stopped_at_its_iteration_cap_leaves_the_clarke_residual_to_the_bounded_solve(monkeypatch):
     """`paired_kinks` over 30 draws with HiGHS stopped after one iteration (`FAMILY_ITERATIONS`, the cap that bounds
     the linear program where it runs into numerical difficulties; every call sees it): the program's unfinished
@@ -701,13 +713,7 @@ def test_a_family_search_stopped_at_its_iteration_cap_leaves_the_clarke_residual
 
     monkeypatch.setattr(method, "FAMILY_ITERATIONS", 1)
     monkeypatch.setattr(method, "linprog", recorded)
-    for seed in range(30):
-        net, X, Y, lam, problem, leaks, mask = paired_kinks(seed)
-        m = multipliers(problem, problem.theta, [mask], leaks)
-        delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
-        expected = bvls_clarke(net, X.numpy(), Y.numpy(), lam, mask.numpy())
-        assert bool(((slopes >= 0) & (slopes <= 1)).all()), seed
-        assert delta == pytest.approx(expected, rel=1e-10, abs=1e-15), seed
+    paired_kinks_reach_the_bounded_minimum()
     assert caps and set(caps) == {1}  # the family was searched, under the cap
 
 
@@ -722,13 +728,7 @@ def test_a_family_too_large_to_search_leaves_the_clarke_residual_to_the_bounded_
 
     monkeypatch.setattr(method, "MAX_FAMILY", 0)
     monkeypatch.setattr(method, "_least_outside", never)
-    for seed in range(30):
-        net, X, Y, lam, problem, leaks, mask = paired_kinks(seed)
-        m = multipliers(problem, problem.theta, [mask], leaks)
-        delta, slopes = clarke_residual(problem, problem.theta, [mask], m)
-        expected = bvls_clarke(net, X.numpy(), Y.numpy(), lam, mask.numpy())
-        assert m.rank == 9 and bool(((slopes >= 0) & (slopes <= 1)).all()), seed
-        assert delta == pytest.approx(expected, rel=1e-10, abs=1e-15), seed
+    paired_kinks_reach_the_bounded_minimum()
 
 
 def test_a_capped_bounded_slope_solve_still_bounds_the_clarke_residual_from_above(monkeypatch):
