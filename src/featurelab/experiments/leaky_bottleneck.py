@@ -96,9 +96,9 @@ REFERENCE = "Jacot & Kaiser 2024 (arXiv 2405.17573) Fig. 1 and App. B; docs/theo
 PAPER_LAM = 0.002  # Jacot & Kaiser 2024 App. B's λ; the loss it multiplies is ours (docs/theory/leaky-resnets.md §2)
 
 PRESETS = {
-    # F4 carries no critical-point premise, so the quick and paper presets skip certification: on the quick net
-    # it takes minutes and is refused today (an input off the kink set changes sign in the snap,
-    # docs/theory/conventions.md, "What it reaches"); `--set certify=1e-8` runs it
+    # F4 carries no critical-point premise, so the quick and paper presets skip certification: the quick net is
+    # certified (a strict minimum) but its continuation takes about 29 times the unit's training
+    # (docs/theory/conventions.md, "What it reaches"); `--set certify=1e-8` runs it
     "quick": {"adam_steps": 20000, "adam_lr": 6e-3, "lbfgs_steps": 3000, "certify": None},
     "tiny": {
         "n_train": 64,
