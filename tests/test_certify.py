@@ -268,6 +268,66 @@ def test_certify_leaves_a_kinked_saddle_for_the_minimiser_in_closed_form():
     assert torch.allclose(u, Y.to(F64).squeeze(1) * (1 - 2 * lam / math.sqrt(1.25)), rtol=0, atol=1e-12)
 
 
+def zero_linear_net() -> tuple[MLP, Dataset, float]:
+    """The two-layer linear net at θ = 0 of `test_certify_leaves_a_saddle_for_the_global_minimum_of_a_linear_net`:
+    its certification runs two rounds of stages (the saddle at 0, then below it after the escape)."""
+    net = MLP(3, 3, 3, 2, leak=1.0, seed=0)
+    with torch.no_grad():
+        for W in net.weights:
+            W.zero_()
+    return net, bottleneck_teacher((3, 3, 3), hidden=8, n_train=32, n_test=8), 1e-3
+
+
+@pytest.mark.parametrize("after", [2, 5])
+def test_an_interrupted_certification_resumes_after_its_last_stage_to_the_same_bits(tmp_path, monkeypatch, after):
+    """Interrupted after `after` continuation stages (in the first round, or after the escape in the second), a
+    certification resumed from its checkpoint runs only the stages left and ends where an uninterrupted one ends,
+    with the same steps and escaped saddles; a checkpoint of another problem (here another λ) is not used, and the
+    file is gone once `certify` returns."""
+    import featurelab.training.certify as certify_module
+
+    stages, real = [], certify_module._stage
+
+    def counted(*args):
+        if len(stages) == stop[0]:
+            raise KeyboardInterrupt
+        stages.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(certify_module, "_stage", counted)
+    stop, kept = [-1], tmp_path / "stages.safetensors"
+    net, data, lam = zero_linear_net()
+    whole = certify(net, data, "mse", lam, checkpoint=kept)
+    total, stages[:] = len(stages), []
+    assert total == 8 and not kept.exists() and whole.certificate.detail["escaped_saddles"], (total, whole)
+
+    stop[0] = after
+    with pytest.raises(KeyboardInterrupt):
+        certify(zero_linear_net()[0], data, "mse", lam, checkpoint=kept)
+    assert kept.exists()
+    stop[0], stages[:] = -1, []
+    fresh = certify(zero_linear_net()[0], data, "mse", 2 * lam).certificate
+    fresh_stages, stages[:] = len(stages), []
+    other = certify(zero_linear_net()[0], data, "mse", 2 * lam, checkpoint=kept, resume=True).certificate
+    assert len(stages) == fresh_stages and (other.iterations, other.loss_after) == (fresh.iterations, fresh.loss_after)
+    assert not kept.exists()
+
+    stop[0], stages[:] = after, []
+    with pytest.raises(KeyboardInterrupt):
+        certify(zero_linear_net()[0], data, "mse", lam, checkpoint=kept)
+    stop[0], stages[:] = -1, []
+    resumed_net = zero_linear_net()[0]
+    resumed = certify(resumed_net, data, "mse", lam, checkpoint=kept, resume=True)
+    assert len(stages) == total - after and not kept.exists()
+    a, b = whole.certificate, resumed.certificate
+    assert (b.iterations, b.detail["escaped_saddles"], b.loss_after) == (
+        a.iterations,
+        a.detail["escaped_saddles"],
+        a.loss_after,
+    ), (a, b)
+    assert all(torch.equal(p, q) for p, q in zip(net.parameters(), resumed_net.parameters()))
+
+
 def small_mlp():
     data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
     return trained(MLP(4, 4, 6, 2, seed=0, dtype=F64), data, 0.02, steps=800, lr=1e-2), data

@@ -149,8 +149,9 @@ def certified_results(finish: Callable[..., dict], cfg, unit: dict, job: Trainin
     ``"certified"`` and ``"previous"`` (``finish`` on the certified net and on the earlier point of its path;
     an uncertified unit's claims read "not measured" in tier "certified" whatever they would measure). The
     trained `job.model` is left as it is: `certify` runs on a float64 copy, and the unit folder ``ctx.dir`` gains
-    ``certified.safetensors`` and ``certificate.json`` (`save_certified`) either way."""
-    from ..training.certify import certify
+    ``certified.safetensors`` and ``certificate.json`` (`save_certified`) either way; while `certify` runs it also
+    holds each continuation stage's end (`StageCheckpoint`), from which ``ctx.resume`` goes on."""
+    from ..training.certify import StageCheckpoint, certify
     from ..training.critical import stationarity
 
     objective, lam = job.config.objective, job.config.lam
@@ -158,7 +159,8 @@ def certified_results(finish: Callable[..., dict], cfg, unit: dict, job: Trainin
     trained = stationarity(job.model, job.data, objective, lam).stationarity
     model = copy.deepcopy(job.model).cpu().to(torch.float64)
     assert job.certify is not None
-    found = certify(model, job.data, objective, lam, tolerance=job.certify)
+    kept = ctx.dir / StageCheckpoint.FILE  # each continuation stage's end, for --resume
+    found = certify(model, job.data, objective, lam, tolerance=job.certify, checkpoint=kept, resume=ctx.resume)
     seconds = time.perf_counter() - t0
     save_certified(ctx.dir, model, found, {"objective": objective, "lam": lam, "seconds": seconds})
     out = {"trained_stationarity": trained, "certificate": found.certificate.to_dict(), "certify_seconds": seconds}

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from functools import cached_property
+from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -54,6 +55,7 @@ from ..checks import int_at_least, positive
 from ..data.dataset import Dataset
 from ..runtime import float64_copy
 from ._kkt import Linearised, Projector, dense_bytes
+from .checkpoint import load_metadata, load_tensors, save_tensors, tensors_digest
 from .critical import Certificate, _certificate, _denominator, _Problem, _ratio, descend, minimise
 
 BETAS = (1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7)  # the continuation's smoothing sharpnesses
@@ -930,25 +932,88 @@ def _snap(problem: _Reduced, theta: torch.Tensor, beta: float, tolerance: float)
     raise AssertionError("unreachable: the last revision returns")
 
 
-def _continue_and_snap(problem: _Problem, tolerance: float, max_seconds: float | None, first: float | None = None):
+@dataclass(frozen=True)
+class _Reached:
+    """The end of a finished continuation stage as `StageCheckpoint` keeps it: the stage's β, θ there, whether the
+    stage arrived at its aim, the Newton steps of its round so far, and the rounds before it (`certify`'s escapes):
+    the losses of the saddles left and the steps they took."""
+
+    beta: float
+    theta: torch.Tensor
+    arrived: bool
+    steps: int
+    saddles: tuple[float, ...]
+    earlier_steps: int
+
+
+class StageCheckpoint:
+    """Where `certify` keeps the end of each continuation stage (one safetensors file, written atomically), so that
+    an interrupted certification resumes after the last stage it finished, to the same bits. The file names the
+    problem it belongs to (the start θ's sha256, the objective, λ, the tolerance, the escapes); `load` ignores a
+    file of another problem. ``max_seconds`` counts from the resumed start."""
+
+    FILE = "certify-checkpoint.safetensors"
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.key: dict = {}
+        self.saddles: tuple[float, ...] = ()
+        self.earlier_steps = 0
+
+    def bind(self, theta: torch.Tensor, objective: str, lam: float, tolerance: float, escapes: int) -> None:
+        digest = tensors_digest({"theta": theta.detach()})
+        self.key = {"start": digest, "objective": objective, "lam": lam, "tolerance": tolerance, "escapes": escapes}
+
+    def save(self, beta: float, theta: torch.Tensor, arrived: bool, steps: int) -> None:
+        meta = {"beta": beta, "arrived": arrived, "steps": steps, "saddles": list(self.saddles)}
+        save_tensors(self.path, {"theta": theta}, {**self.key, **meta, "earlier_steps": self.earlier_steps})
+
+    def load(self) -> _Reached | None:
+        if not self.path.exists():
+            return None
+        meta = load_metadata(self.path) or {}
+        if any(meta.get(k) != v for k, v in self.key.items()):
+            return None
+        theta = load_tensors(self.path)["theta"]
+        saddles = tuple(meta["saddles"])
+        return _Reached(meta["beta"], theta, meta["arrived"], meta["steps"], saddles, meta["earlier_steps"])
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _continue_and_snap(
+    problem: _Problem,
+    tolerance: float,
+    max_seconds: float | None,
+    first: float | None = None,
+    stages: StageCheckpoint | None = None,
+    reached: _Reached | None = None,
+):
     """Minimise the softplus_β-smoothed loss for β = `BETAS` in turn, each stage from the last one's point, and
     from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP`, or that ended
     above its aim (the later, sharper stages would start from a point their predecessor did not converge), and after
     the last stage, on the live coordinates (`_reduce`: the neurons off or at the kink on every sample zeroed and
     held): stop at the first snap that reaches δ <= tolerance with feasible slopes, or at the first stage whose
     dying units promise a kink set too large for the KKT solve (`_too_large_to_try`). `first`: the β to start
-    from, where given (after an escape, `_sharpness_after`). ``(the snap's start, its end, Newton steps of the
+    from, where given (after an escape, `_sharpness_after`); `reached`: that stage's end, kept by `stages` (which
+    keeps each stage's end) before an interruption. ``(the snap's start, its end, Newton steps of the
     continuation, the reduced problem they live in)``."""
     steps, t0, theta = 0, time.perf_counter(), problem.theta
     saved, result = problem.mode, None
     for beta in _sharpnesses(problem, theta) if first is None else BETAS[BETAS.index(first) :]:
-        problem.mode = lambda b=beta: Pieces(beta=b)
-        try:
-            theta, taken = _stage(problem, theta, min(1e-3, 0.1 / beta), max_seconds, t0)
-            arrived = _stationarity(problem, theta) <= min(1e-3, 0.1 / beta)
-        finally:
-            problem.mode = saved
-        steps += taken
+        if reached is not None and beta == reached.beta:
+            theta, arrived, steps = reached.theta, reached.arrived, reached.steps
+        else:
+            problem.mode = lambda b=beta: Pieces(beta=b)
+            try:
+                theta, taken = _stage(problem, theta, min(1e-3, 0.1 / beta), max_seconds, t0)
+                arrived = _stationarity(problem, theta) <= min(1e-3, 0.1 / beta)
+            finally:
+                problem.mode = saved
+            steps += taken
+            if stages is not None:
+                stages.save(beta, theta, arrived, steps)
         width = KINK_WIDTH / beta if beta >= SNAP_FROM else 0.0
         refused = _too_large_to_try(problem, theta, width)
         if refused:
@@ -1367,6 +1432,8 @@ def certify(
     tolerance: float = 1e-8,
     max_seconds: float | None = None,
     escapes: int = ESCAPES,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
 ) -> Certified:
     """Move `model` (converted to float64 on the CPU) to an exact critical point of ``C + model.penalty(lam)`` on
     ``data``'s training set (``N x d_in`` rows) and certify it (module docstring): the continuation, the kink set,
@@ -1376,7 +1443,9 @@ def certify(
     of the saddles left. `model` is left at the last snap's end; ``certificate.certified`` is True when the
     Clarke residual δ <= `tolerance` (evaluated at slopes in [leak, 1]), the kink set's identification gap is >= 1e6
     (or there are no kinks) and the point is no saddle. A net too large for the KKT solve (`_too_large_to_try`)
-    is refused before anything moves."""
+    is refused before anything moves. `checkpoint`: a file where the end of each continuation stage is kept
+    (`StageCheckpoint`, removed when `certify` returns); with `resume`, a certification of the same start that was
+    interrupted goes on after the last stage it kept."""
     positive("tolerance", tolerance)
     int_at_least("escapes", escapes, 0)
     t0 = time.perf_counter()
@@ -1385,10 +1454,41 @@ def certify(
     if refused:
         return _refused_up_front(problem, refused, tolerance, time.perf_counter() - t0)
     loss_before = problem.evaluate(problem.theta)[0]
-    saddles: list[float] = []
-    steps, first = 0, None
+    stages = None if checkpoint is None else StageCheckpoint(Path(checkpoint))
+    if stages is not None:
+        stages.bind(problem.theta, objective, lam, tolerance, escapes)
+    reached = stages.load() if stages is not None and resume else None
+    try:
+        found = _certify(problem, tolerance, max_seconds, escapes, loss_before, t0, stages, reached)
+    except Exception:  # an interruption (KeyboardInterrupt) keeps the stages; an error would meet itself again
+        if stages is not None:
+            stages.clear()
+        raise
+    if stages is not None:
+        stages.clear()
+    return found
+
+
+def _certify(
+    problem: _Problem,
+    tolerance: float,
+    max_seconds: float | None,
+    escapes: int,
+    loss_before: float,
+    t0: float,
+    stages: StageCheckpoint | None,
+    reached: _Reached | None,
+) -> Certified:
+    """`certify`'s rounds: continuation and snap, then an escape from a saddle and again (`certify`)."""
+    model = problem.loss.model
+    saddles = [] if reached is None else list(reached.saddles)
+    steps, first = (0, None) if reached is None else (reached.earlier_steps, reached.beta)
     while True:
-        start, end, taken, reduced = _continue_and_snap(problem, tolerance, _left(max_seconds, t0), first)
+        if stages is not None:
+            stages.saddles, stages.earlier_steps = tuple(saddles), steps
+        left = _left(max_seconds, t0)
+        start, end, taken, reduced = _continue_and_snap(problem, tolerance, left, first, stages, reached)
+        reached = None
         steps += taken + end.iterations
         cert, descents = _examine(reduced, end, tolerance, loss_before, steps)
         saddle = reduced.full(end.theta).detach()
