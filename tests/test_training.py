@@ -2,6 +2,7 @@
 an interrupted run resumed to the same result as an uninterrupted one."""
 
 import math
+import os
 import subprocess
 import sys
 
@@ -234,6 +235,24 @@ def test_lbfgs_polish_reaches_the_ridge_minimiser():
     fl.train(model, data, fl.TrainConfig(objective="mse", lam=lam, phases=phases, log_every=200), progress=False)
     (W,) = model.weights  # stored layout: n_out x (n_in + 1), bias column last
     torch.testing.assert_close(W.detach(), W_star, rtol=0, atol=1e-8)
+
+
+def test_set_threads_limits_torch_and_the_blas_pools_of_numpy_and_scipy():
+    """`--threads 1` means one thread everywhere (docs/theory/conventions.md, "Threads"): torch's, and every BLAS
+    and OpenMP pool numpy and scipy load, scipy's own included (its L-BFGS-B spins on a wider pool). Run in a fresh
+    interpreter, where the pools start at the machine's width."""
+    code = """
+import os, threadpoolctl, torch
+from featurelab.runtime import set_threads
+set_threads(1)
+pools = threadpoolctl.threadpool_info()
+assert torch.get_num_threads() == 1, torch.get_num_threads()
+assert any("scipy" in p["filepath"] for p in pools), [p["filepath"] for p in pools]
+assert all(p["num_threads"] == 1 for p in pools), pools
+"""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_training_changes_no_process_setting_and_tune_cpu_is_the_explicit_call():
