@@ -328,6 +328,17 @@ def test_an_interrupted_certification_resumes_after_its_last_stage_to_the_same_b
     assert all(torch.equal(p, q) for p, q in zip(net.parameters(), resumed_net.parameters()))
 
 
+def test_certify_shows_its_continuation_stages_on_a_progress_bar(capsys):
+    """The bar counts the stages of every round (the zero linear net runs 8 over two rounds, see above) and names
+    the last one's β and smoothed stationarity; without `progress` nothing is written."""
+    net, data, lam = zero_linear_net()
+    certify(net, data, "mse", lam, progress=False)
+    assert capsys.readouterr().err == ""
+    certify(zero_linear_net()[0], data, "mse", lam, progress=True)
+    err = capsys.readouterr().err
+    assert "certify" in err and "8/8" in err and "β = 1e+05: smoothed stationarity" in err, err[-600:]
+
+
 def small_mlp():
     data = bottleneck_teacher((4, 2, 4), hidden=8, n_train=32, n_test=8)
     return trained(MLP(4, 4, 6, 2, seed=0, dtype=F64), data, 0.02, steps=800, lr=1e-2), data

@@ -218,7 +218,7 @@ class StandInCertificate:
         return {**d, "clarke": d["stationarity"], "previous_clarke": self.previous_clarke, "rule": ""}
 
 
-def stand_in_certify(model, data, objective, lam, *, tolerance=1e-8, max_seconds=None, checkpoint=None, resume=False):
+def stand_in_certify(model, data, objective, lam, *, tolerance=1e-8, **options):  # options: checkpoint, progress, ...
     previous = {k: v.clone() for k, v in model.state_dict().items()}
     before = stationarity(model, data, objective, lam).stationarity
     polished = polish(model, data, objective, lam, tolerance=tolerance, max_iterations=400)

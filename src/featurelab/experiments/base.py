@@ -160,7 +160,8 @@ def certified_results(finish: Callable[..., dict], cfg, unit: dict, job: Trainin
     model = copy.deepcopy(job.model).cpu().to(torch.float64)
     assert job.certify is not None
     kept = ctx.dir / StageCheckpoint.FILE  # each continuation stage's end, for --resume
-    found = certify(model, job.data, objective, lam, tolerance=job.certify, checkpoint=kept, resume=ctx.resume)
+    options = {"checkpoint": kept, "resume": ctx.resume, "progress": ctx.progress}
+    found = certify(model, job.data, objective, lam, tolerance=job.certify, **options)
     seconds = time.perf_counter() - t0
     save_certified(ctx.dir, model, found, {"objective": objective, "lam": lam, "seconds": seconds})
     out = {"trained_stationarity": trained, "certificate": found.certificate.to_dict(), "certify_seconds": seconds}

@@ -53,6 +53,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..checks import int_at_least, positive
 from ..data.dataset import Dataset
+from ..progress import progress_bar, show_progress
 from ..runtime import float64_copy
 from ._kkt import Linearised, Projector, dense_bytes
 from .checkpoint import load_metadata, load_tensors, save_tensors, tensors_digest
@@ -989,6 +990,7 @@ def _continue_and_snap(
     first: float | None = None,
     stages: StageCheckpoint | None = None,
     reached: _Reached | None = None,
+    bar=None,
 ):
     """Minimise the softplus_β-smoothed loss for β = `BETAS` in turn, each stage from the last one's point, and
     from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP`, or that ended
@@ -997,23 +999,32 @@ def _continue_and_snap(
     held): stop at the first snap that reaches δ <= tolerance with feasible slopes, or at the first stage whose
     dying units promise a kink set too large for the KKT solve (`_too_large_to_try`). `first`: the β to start
     from, where given (after an escape, `_sharpness_after`); `reached`: that stage's end, kept by `stages` (which
-    keeps each stage's end) before an interruption. ``(the snap's start, its end, Newton steps of the
-    continuation, the reduced problem they live in)``."""
+    keeps each stage's end) before an interruption; `bar`: a progress bar counting the stages, or None.
+    ``(the snap's start, its end, Newton steps of the continuation, the reduced problem they live in)``."""
     steps, t0, theta = 0, time.perf_counter(), problem.theta
     saved, result = problem.mode, None
-    for beta in _sharpnesses(problem, theta) if first is None else BETAS[BETAS.index(first) :]:
+    betas = _sharpnesses(problem, theta) if first is None else BETAS[BETAS.index(first) :]
+    if bar is not None:
+        bar.total = bar.n + len(betas)
+    for beta in betas:
         if reached is not None and beta == reached.beta:
             theta, arrived, steps = reached.theta, reached.arrived, reached.steps
+            shown = f"β = {beta:.0e}: resumed"
         else:
             problem.mode = lambda b=beta: Pieces(beta=b)
             try:
                 theta, taken = _stage(problem, theta, min(1e-3, 0.1 / beta), max_seconds, t0)
-                arrived = _stationarity(problem, theta) <= min(1e-3, 0.1 / beta)
+                stationarity = _stationarity(problem, theta)
             finally:
                 problem.mode = saved
+            arrived = stationarity <= min(1e-3, 0.1 / beta)
             steps += taken
             if stages is not None:
                 stages.save(beta, theta, arrived, steps)
+            shown = f"β = {beta:.0e}: smoothed stationarity {stationarity:.1e}"
+        if bar is not None:
+            bar.set_postfix_str(shown, refresh=False)
+            bar.update()
         width = KINK_WIDTH / beta if beta >= SNAP_FROM else 0.0
         refused = _too_large_to_try(problem, theta, width)
         if refused:
@@ -1031,6 +1042,9 @@ def _continue_and_snap(
             if not result[0][1].rule and result[0][1].delta <= tolerance:
                 break
     assert result is not None
+    if bar is not None:
+        bar.total = bar.n
+        bar.refresh()
     (start, end), reduced = result
     return start, end, steps, reduced
 
@@ -1434,6 +1448,7 @@ def certify(
     escapes: int = ESCAPES,
     checkpoint: str | Path | None = None,
     resume: bool = False,
+    progress: bool | None = None,
 ) -> Certified:
     """Move `model` (converted to float64 on the CPU) to an exact critical point of ``C + model.penalty(lam)`` on
     ``data``'s training set (``N x d_in`` rows) and certify it (module docstring): the continuation, the kink set,
@@ -1445,7 +1460,8 @@ def certify(
     (or there are no kinks) and the point is no saddle. A net too large for the KKT solve (`_too_large_to_try`)
     is refused before anything moves. `checkpoint`: a file where the end of each continuation stage is kept
     (`StageCheckpoint`, removed when `certify` returns); with `resume`, a certification of the same start that was
-    interrupted goes on after the last stage it kept."""
+    interrupted goes on after the last stage it kept. `progress`: a bar over the continuation's stages (None: shown
+    in a terminal or a notebook, `featurelab.progress.show_progress`)."""
     positive("tolerance", tolerance)
     int_at_least("escapes", escapes, 0)
     t0 = time.perf_counter()
@@ -1458,12 +1474,14 @@ def certify(
     if stages is not None:
         stages.bind(problem.theta, objective, lam, tolerance, escapes)
     reached = stages.load() if stages is not None and resume else None
-    try:
-        found = _certify(problem, tolerance, max_seconds, escapes, loss_before, t0, stages, reached)
-    except Exception:  # an interruption (KeyboardInterrupt) keeps the stages; an error would meet itself again
-        if stages is not None:
-            stages.clear()
-        raise
+    show = show_progress(progress)
+    with progress_bar(total=0, show=show, leave=False, desc="certify", unit="stage", mininterval=0) as bar:
+        try:
+            found = _certify(problem, tolerance, max_seconds, escapes, loss_before, t0, stages, reached, bar)
+        except Exception:  # an interruption (KeyboardInterrupt) keeps the stages; an error would meet itself again
+            if stages is not None:
+                stages.clear()
+            raise
     if stages is not None:
         stages.clear()
     return found
@@ -1478,6 +1496,7 @@ def _certify(
     t0: float,
     stages: StageCheckpoint | None,
     reached: _Reached | None,
+    bar,
 ) -> Certified:
     """`certify`'s rounds: continuation and snap, then an escape from a saddle and again (`certify`)."""
     model = problem.loss.model
@@ -1487,7 +1506,7 @@ def _certify(
         if stages is not None:
             stages.saddles, stages.earlier_steps = tuple(saddles), steps
         left = _left(max_seconds, t0)
-        start, end, taken, reduced = _continue_and_snap(problem, tolerance, left, first, stages, reached)
+        start, end, taken, reduced = _continue_and_snap(problem, tolerance, left, first, stages, reached, bar)
         reached = None
         steps += taken + end.iterations
         cert, descents = _examine(reduced, end, tolerance, loss_before, steps)
