@@ -327,6 +327,10 @@ def test_an_interrupted_certification_resumes_after_its_last_stage_to_the_same_b
     ), (a, b)
     assert all(torch.equal(p, q) for p, q in zip(net.parameters(), resumed_net.parameters()))
 
+    kept.write_bytes(b"not a safetensors file")  # a damaged checkpoint: one line naming the file and the fix
+    with pytest.raises(FeaturelabError, match=r"stages\.safetensors' is not a valid safetensors file .*; delete it"):
+        certify(zero_linear_net()[0], data, "mse", lam, checkpoint=kept, resume=True)
+
 
 def test_certify_shows_its_continuation_stages_on_a_progress_bar(capsys):
     """The bar counts the stages of every round (the zero linear net runs 8 over two rounds, see above) and names

@@ -954,8 +954,9 @@ class StageCheckpoint:
     file of another problem. ``max_seconds`` counts from the resumed start."""
 
     FILE = "certify-checkpoint.safetensors"
+    FIX = "delete it to start the certification afresh"
 
-    def __init__(self, path: Path):
+    def __init__(self, path: str | Path):
         self.path = Path(path)
         self.key: dict = {}
         self.saddles: tuple[float, ...] = ()
@@ -972,10 +973,10 @@ class StageCheckpoint:
     def load(self) -> _Reached | None:
         if not self.path.exists():
             return None
-        meta = load_metadata(self.path) or {}
+        meta = load_metadata(self.path, self.FIX) or {}
         if any(meta.get(k) != v for k, v in self.key.items()):
             return None
-        theta = load_tensors(self.path)["theta"]
+        theta = load_tensors(self.path, fix=self.FIX)["theta"]
         saddles = tuple(meta["saddles"])
         return _Reached(meta["beta"], theta, meta["arrived"], meta["steps"], saddles, meta["earlier_steps"])
 
@@ -1470,7 +1471,7 @@ def certify(
     if refused:
         return _refused_up_front(problem, refused, tolerance, time.perf_counter() - t0)
     loss_before = problem.evaluate(problem.theta)[0]
-    stages = None if checkpoint is None else StageCheckpoint(Path(checkpoint))
+    stages = None if checkpoint is None else StageCheckpoint(checkpoint)
     if stages is not None:
         stages.bind(problem.theta, objective, lam, tolerance, escapes)
     reached = stages.load() if stages is not None and resume else None

@@ -68,9 +68,9 @@ def _load(path: Path, fix: str) -> tuple[dict[str, torch.Tensor], dict | None]:
     return tensors, info
 
 
-def load_metadata(path: str | Path) -> dict | None:
+def load_metadata(path: str | Path, fix: str = FIX) -> dict | None:
     """The JSON metadata stored by `save_tensors`, or None (the file is checked as by `load_tensors`)."""
-    return _load(Path(path), FIX)[1]
+    return _load(Path(path), fix)[1]
 
 
 def save_model(model: torch.nn.Module, path: str | Path) -> None:
