@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from functools import cache
 
 import torch
 
@@ -45,9 +46,16 @@ def announce(reason: str) -> None:
         warnings.warn(f"CUDA: training steps run eagerly (no graph capture) because of {reason}", stacklevel=3)
 
 
+@cache
+def _side_stream(device: int) -> torch.cuda.Stream:
+    """The warm-up steps' stream on CUDA device `device`, one per process: cuBLAS keeps workspaces (64 MiB
+    measured on an H200) for every stream that runs a product, so a new stream per step would hold more each time."""
+    return torch.cuda.Stream(device=device)
+
+
 def warmup(body: Callable[[], None]) -> None:
     """One real step on a side stream (before capture, as `torch.cuda.graph` asks)."""
-    side = torch.cuda.Stream()
+    side = _side_stream(torch.cuda.current_device())
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         body()
