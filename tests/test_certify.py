@@ -162,6 +162,30 @@ def test_a_snap_within_the_tolerance_ends_there_when_a_step_would_cross(monkeypa
         assert (max(on_k) > 1e-10) == off  # moved by 1e-8 the start is off M: the restoration puts it there
 
 
+def test_a_snap_whose_steps_stay_off_m_ends_on_m_by_the_restoration(monkeypatch):
+    """The small MLP's certified point moved by 1e-8, so its inputs on K sit up to about 1e-8 of their call's
+    largest off their kink, with Newton's step replaced by one that stays where it is and is not trusted (as where
+    a nearly flat reduced Hessian leaves each step's second-order remainder in a_K): the steps stall off M. The
+    snap ends on M, at the restored point of least δ, with every input on K at its kink, and the certificate there
+    passes at the tolerance 1e-5 (δ at the slopes of K is about 1e-8 there). Ending where the steps stalled, the
+    certificate reads those inputs off the kink and their slopes as 0 or 1, and refuses the point."""
+    import featurelab.training.certify as method
+
+    net, data = small_mlp()
+    kinks = certify(net, data, "mse", 0.02).certificate.kinks
+    whole = _Problem(net, data, "mse", 0.02)
+    problem = _whole(whole, whole.theta)
+    monkeypatch.setattr(method, "snap_step", lambda problem, th, masks, m, damping=0.0: (th.clone(), False))
+    gen = torch.Generator().manual_seed(2)
+    theta = problem.theta + 1e-8 * torch.randn(problem.theta.shape, generator=gen, dtype=F64)
+    start, end = method._snap(problem, theta, 1e7, 1e-5)
+    assert not _at_kinks(problem, start)  # the start is off M
+    assert not end.rule and end.delta <= 1e-5 and _at_kinks(problem, end), (end.rule, end.delta)
+    assert end.slopes.numel() == kinks > 0 and 0 < float((end.theta - theta).norm()) <= 1e-6
+    cert, _ = method._examine(problem, end, 1e-5, float(problem.evaluate(end.theta)[0]), 0)
+    assert cert.certified and cert.clarke <= 1e-5, cert.rule
+
+
 @pytest.mark.parametrize(
     "runaway_step",
     [lambda th: -th, lambda th: torch.cat([th[:-1], th.new_full((1,), math.nan)])],  # an output weight overflowed

@@ -69,6 +69,7 @@ MIN_GAP = 1e6  # identification: min |a| off K over max |a| on K
 SNAP_ITERATIONS = 8
 SNAP_REVISIONS = 4  # new starts of the snap after the add or the release rule changed K
 SNAP_FLOOR = 1e-14  # the snap stops at this Clarke residual (rounding), or when δ stops falling
+RESTORATIONS = 3  # restoration steps −J_0⁺a_K that bring a snap point onto M at most (`_on_m`)
 DAMPINGS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # the snap's damped steps, in units of ‖∇R‖/‖θ‖ (`_dampings`)
 SNAP_FROM = 1e3  # the snap is tried after each continuation stage from this β on,
 SNAP_GAP = 5.0  # where the kink set stands out by this gap (and after the last stage in any case)
@@ -776,6 +777,7 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
     m = multipliers(problem, theta, masks, leaks)
     delta, slopes = clarke_residual(problem, theta, masks, m, bounded=False)
     start = current = _Snap(theta, masks, leaks, m, delta, slopes, "", 0)
+    seen = [start]
     dampings, lowest = _dampings(m, theta), 0
     for it in range(1, SNAP_ITERATIONS + 1):
         if current.delta <= SNAP_FLOOR:
@@ -799,14 +801,37 @@ def _newton_on(problem: _Problem, theta: torch.Tensor, masks, leaks, tolerance: 
         if taken is None and newton_flips is not None:
             return start, _restored(problem, current, signs, outside), newton_flips
         if taken is None:  # at rounding level, or no step lowers δ_LS
-            return start, replace(current, rule=STALLED), None
+            return start, _on_m(problem, seen, replace(current, rule=STALLED), signs, outside, tolerance), None
         new_theta, m, trusted = taken
         delta, slopes = clarke_residual(problem, new_theta, masks, m, bounded=False)
         # negative curvature met by the tangent solve matters while the point is not yet critical; at a critical
         # point the reduced Hessian's Lanczos (`_verdict`) tells a saddle from a flat minimum
         rule = "the tangent solve met curvature <= 0 or its step cap on M" if not trusted and delta > tolerance else ""
         current = _Snap(new_theta, masks, leaks, m, delta, slopes, rule, it)
-    return start, current, None
+        seen.append(current)
+    return start, _on_m(problem, seen, current, signs, outside, tolerance), None
+
+
+def _on_m(problem: _Problem, seen: list[_Snap], end: _Snap, signs, outside, tolerance: float) -> _Snap:
+    """The snap's end on M: `end` where its inputs on K are at the kink (`_at_kinks`), else the point of least δ
+    among the steps' points (`seen`, the start included) that the restoration alone brings onto M (`_restored`, at
+    most `RESTORATIONS` times, changing no sign off K), with `end`'s rule where its δ is above `tolerance`; `end`
+    when none gets there. Newton's steps zero a_K only to first order, so where the tangent solve is not trusted (a
+    nearly flat reduced Hessian) their points stay off M by a second-order remainder, and the certificate reads the
+    slopes of K only at inputs within `AT_KINK` of 0. On a `bn-rank-depth` quick net (L = 4, seed 0) the steps ended
+    with |a_K| up to 6e-9 of the call's largest and δ = 2.3e-6 at the slopes of K, read as a Clarke residual of 0.04;
+    the least-δ point, brought onto M by the restoration, has δ = 2.8e-7 there."""
+    if _at_kinks(problem, end):
+        return end
+    for point in sorted(seen, key=lambda p: p.delta):
+        for _ in range(RESTORATIONS):
+            moved = _restored(problem, point, signs, outside)
+            if moved is point:
+                break
+            point = moved
+            if _at_kinks(problem, point):
+                return replace(point, rule=end.rule if point.delta > tolerance else "", iterations=end.iterations)
+    return end
 
 
 def _restored(problem: _Problem, current: _Snap, signs, outside) -> _Snap:
