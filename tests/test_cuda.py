@@ -383,12 +383,13 @@ def test_member_bytes_matches_the_memory_an_ensemble_member_adds_on_cuda():
     from featurelab.training.ensemble import train_ensemble
 
     exp, cfg = resolve_config("leaky-bottleneck", "paper")
-    assert exp.build is not None  # leaky-bottleneck trains through build and finish
+    build = exp.build
+    assert build is not None  # leaky-bottleneck trains through build and finish
     unit = exp.units(cfg)[0]
-    need = member_bytes(exp.build(cfg, unit))
+    need = member_bytes(build(cfg, unit))
 
     def peak(members: int) -> int:
-        jobs = [exp.build(cfg, unit) for _ in range(members)]
+        jobs = [build(cfg, unit) for _ in range(members)]
         config = jobs[0].config.model_copy(
             update={"phases": [Phase(optimizer="adam", steps=2, lr=1e-4)], "log_every": 2}
         )
