@@ -1019,9 +1019,8 @@ def _continue_and_snap(
     bar=None,
 ):
     """Minimise the softplus_β-smoothed loss for β = `BETAS` in turn, each stage from the last one's point, and
-    from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP`, or that ended
-    above its aim (the later, sharper stages would start from a point their predecessor did not converge), and after
-    the last stage, on the live coordinates (`_reduce`: the neurons off or at the kink on every sample zeroed and
+    from β = `SNAP_FROM` on try the snap after each stage whose kink set stands out by `SNAP_GAP`, and after the
+    last stage, on the live coordinates (`_reduce`: the neurons off or at the kink on every sample zeroed and
     held): stop at the first snap that reaches δ <= tolerance with feasible slopes, or at the first stage whose
     dying units promise a kink set too large for the KKT solve (`_too_large_to_try`). `first`: the β to start
     from, where given (after an escape, `_sharpness_after`); `reached`: that stage's end, kept by `stages` (which
@@ -1062,7 +1061,7 @@ def _continue_and_snap(
         reduced = _reduce(problem, theta, width, zero=True)
         inputs, _ = activation_inputs(reduced, reduced.theta)
         _kink_set(reduced, reduced.theta, identify(inputs, width, reduced.dead)[0])
-        if identify(inputs, width, reduced.excluded())[1] >= SNAP_GAP or not arrived or beta == BETAS[-1]:
+        if identify(inputs, width, reduced.excluded())[1] >= SNAP_GAP or beta == BETAS[-1]:
             result = _snap(reduced, reduced.theta, beta, tolerance), reduced
             problem.hvps = reduced.hvps
             if not result[0][1].rule and result[0][1].delta <= tolerance:
