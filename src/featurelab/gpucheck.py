@@ -6,7 +6,8 @@ Steps, in order, each a subprocess of this Python under a timeout (the budget le
 1. test: the CUDA tests, as ``make test-gpu`` runs them (``pytest -m cuda``; on a CPU they skip).
 2. bench: ``featurelab bench --device DEVICE --only a,a2,b,d,e`` with (e) restricted to `BENCH_PRESETS`,
    within half the budget left when presets follow.
-3. presets: the paper presets of `PRESETS_BY_VALUE`, in that order, while the budget lasts.
+3. presets: the paper presets of `PRESETS_BY_VALUE` (or those named by ``--only``), in that order, while the
+   budget lasts, each resumed from its folder under ``--runs`` where an earlier call left it.
 
 With ``--device cpu`` the same plumbing runs as a dry run at CPU sizes: bench (b), (d) and (e), and tiny
 presets for (e) and the presets. The table (device, figure, baseline, wall time, claims) is rewritten
@@ -112,18 +113,22 @@ def bench_step(device: str, budget: Budget, folder: Path, share: float) -> tuple
     return rows, code in (0, None)  # cut by the budget: said in the table, not an error
 
 
-def preset_step(device: str, budget: Budget, folder: Path, preset: str) -> tuple[list[tuple], bool]:
-    """The presets of `PRESETS_BY_VALUE` one after another while the budget lasts; one row each."""
+def preset_step(
+    device: str, budget: Budget, folder: Path, preset: str, names: tuple[str, ...] = PRESETS_BY_VALUE
+) -> tuple[list[tuple], bool]:
+    """The presets `names` (in `PRESETS_BY_VALUE`'s order) one after another while the budget lasts, each into
+    ``folder/NAME`` with ``--resume`` (a run cut short there goes on from its checkpoints in the next call, a
+    finished one is only reported); one row each."""
     from .claims import tally
 
     rows, ok = [], True
-    for name in PRESETS_BY_VALUE:
+    for name in names:
         if budget.left() < 30:
             rows.append((device, f"{name} --preset {preset}", "-", "-", "not run: budget spent"))
             continue
         out = folder / name
         cmd = [sys.executable, "-m", "featurelab.cli", "run", name, "--preset", preset, "--device", device]
-        code, text, seconds = _run(cmd + ["--out", str(out), "--quiet"], budget.limit())
+        code, text, seconds = _run(cmd + ["--out", str(out), "--resume", "--quiet"], budget.limit())
         claims = out / "claims.json"
         if code in (0, 1) and claims.exists():
             t = tally(json.loads(claims.read_text()))
@@ -149,6 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=30.0, help="minutes for all steps (default 30)")
     p.add_argument("--out", default="gpu-check.md", help="the markdown table (default gpu-check.md)")
     p.add_argument("--steps", default="test,bench,presets", help="which steps, comma-separated")
+    p.add_argument("--only", default="", help="the presets step's experiments, comma-separated (default: all)")
+    p.add_argument(
+        "--runs",
+        default=None,
+        help="a folder that keeps the presets' run folders, so that a second call on the same machine resumes a "
+        "preset the limit cut short (default: a temporary folder, removed at the end)",
+    )
     args = p.parse_args(argv)
     missing = [m for m in NEEDS if importlib.util.find_spec(m) is None]
     if missing:
@@ -161,17 +173,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: --steps {args.steps!r} or --budget {args.budget} is not allowed: steps among test,bench,")
         print("presets; a budget > 0 minutes")
         return 2
+    names = tuple(n for n in args.only.split(",") if n) or PRESETS_BY_VALUE
+    unknown = [n for n in names if n not in PRESETS_BY_VALUE]
+    if unknown:
+        print(f"gpu-check: --only {args.only!r} names {', '.join(unknown)}: allowed are {','.join(PRESETS_BY_VALUE)}")
+        return 2
+    names = tuple(n for n in PRESETS_BY_VALUE if n in names)
     budget, out, rows, ok = Budget(args.budget), Path(args.out), [], True
     out.parent.mkdir(parents=True, exist_ok=True)
     preset = "tiny" if args.device == "cpu" else "paper"
     with tempfile.TemporaryDirectory(prefix="featurelab-gpu-check-") as tmp:
+        runs = Path(args.runs) if args.runs else Path(tmp)
         for step in steps:
             if step == "test":
                 new, good = test_step(args.device, budget)
             elif step == "bench":
                 new, good = bench_step(args.device, budget, Path(tmp), 0.5 if "presets" in steps else 1.0)
             else:
-                new, good = preset_step(args.device, budget, Path(tmp), preset)
+                new, good = preset_step(args.device, budget, runs, preset, names)
             rows += new
             ok = ok and good
             out.write_text(markdown(rows))
