@@ -52,16 +52,19 @@ test-gpu:
 	sys.exit('make test-gpu: ' + ', '.join(missing) + ' cannot be imported by $(PYTHON): install them, or put a folder that holds them on PYTHONPATH' if missing else 0)"
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest -q -m cuda
 
-# make gpu-check [DEVICE=cuda] [BUDGET=minutes] [TABLE=gpu-check.md]: the CUDA tests, featurelab bench and as many
-# paper presets as fit the budget, each step under a timeout that fits a 10-minute command, into one markdown
-# table (featurelab/gpucheck.py). On CUDA it runs like test-gpu (the machine's python3, PYTHONPATH=src); DEVICE=cpu
-# is a dry run of the same steps at CPU sizes, with the venv.
+# make gpu-check [DEVICE=cuda] [BUDGET=minutes] [TABLE=gpu-check.md] [ONLY=exp,...] [RUNS=dir]: the CUDA tests,
+# featurelab bench and as many paper presets as fit the budget (ONLY: those experiments), each step under a timeout
+# that fits a 10-minute command, into one markdown table (featurelab/gpucheck.py); RUNS keeps the presets' run
+# folders, so that the same command again resumes a preset the limit cut short. On CUDA it runs like test-gpu (the
+# machine's python3, PYTHONPATH=src); DEVICE=cpu is a dry run of the same steps at CPU sizes, with the venv.
 DEVICE ?= cuda
 BUDGET ?= 30
 TABLE  ?= gpu-check.md
+ONLY   ?=
+RUNS   ?=
 gpu-check: $(if $(filter cpu,$(DEVICE)),$(STAMP))
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(if $(filter cpu,$(DEVICE)),$(PY),$(PYTHON)) -m featurelab.gpucheck \
-	  --device $(DEVICE) --budget $(BUDGET) --out $(TABLE)
+	  --device $(DEVICE) --budget $(BUDGET) --out $(TABLE) $(if $(ONLY),--only $(ONLY)) $(if $(RUNS),--runs $(RUNS))
 
 # The wheel works outside the checkout: built from the tree, installed into a fresh venv that borrows .venv's
 # dependencies (a .pth line: nothing is downloaded, and .venv's editable featurelab is not seen), it runs a tiny
